@@ -1,0 +1,19 @@
+# Two entry points, each doing all set-up on a fresh machine:
+#   make demo   the main job
+#   make test   every test, ending with one summary line
+.PHONY: setup build demo test clean
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@bash scripts/build.sh
+
+demo: build
+	@build/bin/pins-bench alloc
+
+test: build
+	@bash scripts/test.sh
+
+clean:
+	rm -rf build

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One-time set-up of a fresh machine of this project's kind; re-running is cheap.
+# Installs the Debian packages the build needs, then a .venv with torch and the
+# Python test dependencies. Each step is skipped when its result is already there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+apt_pkgs=(cmake ninja-build g++ libgtest-dev libbenchmark-dev nlohmann-json3-dev)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd=sudo
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+stamp=.venv/.pins-setup-stamp
+req=python_bindings/requirements-dev.txt
+if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ]; then
+  echo "setup: creating .venv (torch from local wheels)"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install -q -r "$req"
+  touch "$stamp"
+fi
