@@ -21,6 +21,7 @@ struct HostPool::Extent {
   bool locked;
   size_t used = 0;      // blocks allocated or parked
   uint64_t idle_since = 0;
+  bool unlocking = false;  // an unlock() is between its two lock holds
 };
 
 struct HostPool::Block {
@@ -297,9 +298,13 @@ std::vector<HostPool::Extent*> HostPool::pick_idle(size_t over) {
   // Oldest idle extents first: the most recently freed are the likeliest reused.
   std::vector<Extent*> victims;
   size_t got = 0;
-  while (got < over && !idle_.empty()) {
-    Extent* e = idle_.begin()->second;
-    idle_.erase(idle_.begin());
+  for (auto it = idle_.begin(); got < over && it != idle_.end();) {
+    Extent* e = it->second;
+    if (e->unlocking) {  // unlock() owns it for now
+      ++it;
+      continue;
+    }
+    it = idle_.erase(it);
     idle_bytes_ -= e->size;
     free_[e->locked].erase({e->size, e->base});
     blocks_.erase(e->base);
@@ -460,6 +465,53 @@ size_t HostPool::requested_size(void* ptr) const {
 bool HostPool::is_locked(void* ptr) const {
   std::lock_guard<std::mutex> g(mu_);
   return find(ptr, "HostPool::is_locked")->ext->locked;
+}
+
+size_t HostPool::unlock(void* ptr) {
+  Extent* e = nullptr;
+  std::vector<std::shared_ptr<Fence>> fences;
+  auto move_free = [&](Extent* x, bool from, bool to) {
+    for (auto it = blocks_.find(x->base); it != blocks_.end();) {
+      Block* b = it->second.get();
+      if (b->state == State::Free) {
+        free_[from].erase({b->size, b->addr});
+        free_[to].insert({b->size, b->addr});
+      }
+      if (b->next == nullptr) break;
+      it = blocks_.find(b->next->addr);
+    }
+  };
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    e = find(ptr, "HostPool::unlock")->ext;
+    if (!e->locked || e->unlocking) return 0;
+    for (Block* b = blocks_.at(e->base).get(); b != nullptr; b = b->next)
+      fences.insert(fences.end(), b->fences.begin(), b->fences.end());
+    // From here new locked requests no longer use this extent.
+    e->locked = false;
+    e->unlocking = true;
+    move_free(e, true, false);
+  }
+  const bool busy = std::any_of(fences.begin(), fences.end(), [](const auto& f) { return !f->done(); });
+  int rc = 0;
+  int64_t ns = 0;
+  if (!busy) {
+    const int64_t t0 = now_ns();
+    rc = backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
+    ns = now_ns() - t0;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  e->unlocking = false;
+  if (busy || rc != 0) {
+    if (rc != 0) stats_.lock_failures++;
+    e->locked = true;
+    move_free(e, false, true);
+    return 0;
+  }
+  stats_.unregistrations++;
+  stats_.unlock_ns += ns;
+  stats_.locked_bytes.decrease(static_cast<int64_t>(e->size));
+  return e->size;
 }
 
 size_t HostPool::cap() const {

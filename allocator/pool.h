@@ -77,6 +77,10 @@ class HostPool {
   size_t requested_size(void* ptr) const;
   // Whether the block lies in a page-locked extent.
   bool is_locked(void* ptr) const;
+  // Drops the page-lock of the extent holding `ptr` (its memory stays committed;
+  // every block in that extent becomes pageable). Returns the bytes unlocked: 0
+  // when it was not locked or a block in it has a copy in flight.
+  size_t unlock(void* ptr);
   size_t cap() const;
   void set_cap(size_t cap);
 

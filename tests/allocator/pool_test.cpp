@@ -336,3 +336,43 @@ TEST(HostPool, AutoBackendFallsBackToCpu) {
 
 }  // namespace
 }  // namespace pins
+
+namespace pins {
+namespace {
+
+TEST(HostPoolUnlock, DropsTheExtentLockAndKeepsTheMemory) {
+  HostPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
+  void* a = pool.allocate(64 * KiB);
+  void* b = pool.allocate(64 * KiB);  // same extent
+  EXPECT_EQ(pool.unlock(a), 1 * MiB);
+  EXPECT_FALSE(pool.is_locked(a));
+  EXPECT_FALSE(pool.is_locked(b)) << "the whole extent is unlocked";
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.locked_bytes.current, 0);
+  EXPECT_EQ(s.committed_bytes.current, static_cast<int64_t>(1 * MiB));
+  EXPECT_EQ(pool.unlock(a), 0u) << "already unlocked";
+  // Its free space now serves unlocked requests only; a locked request commits anew.
+  void* c = pool.allocate(64 * KiB, true);
+  EXPECT_TRUE(pool.is_locked(c));
+  EXPECT_EQ(pool.stats().commits, 2);
+  void* d = pool.allocate(64 * KiB, false);
+  EXPECT_EQ(addr(d), addr(b) + 64 * KiB);
+  for (void* p : {a, b, c, d}) pool.free(p);
+}
+
+TEST(HostPoolUnlock, RefusesWhileACopyIsInFlight) {
+  HostPool pool(make_null_backend(), opts(1 * MiB));
+  std::atomic<bool> done{false};
+  void* a = pool.allocate(64 * KiB);
+  void* b = pool.allocate(64 * KiB);
+  pool.record_fence(b, std::make_shared<FakeFence>(&done));
+  EXPECT_EQ(pool.unlock(a), 0u) << "a neighbour's DMA would lose its registration";
+  EXPECT_TRUE(pool.is_locked(a));
+  done = true;
+  EXPECT_EQ(pool.unlock(a), 1 * MiB);
+  pool.free(a);
+  pool.free(b);
+}
+
+}  // namespace
+}  // namespace pins

@@ -1,0 +1,670 @@
+#include "csrc/balancer.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_set>
+
+#include "csrc/check.h"
+#include "csrc/nvtx.h"
+
+namespace pins {
+
+const char* to_string(Subset s) {
+  switch (s) {
+    case Subset::Weights: return "weights";
+    case Subset::Patches: return "patches";
+    case Subset::WeightsLoaded: return "weights-loaded";
+    case Subset::PatchesLoaded: return "patches-loaded";
+  }
+  return "?";
+}
+
+// ------------------------------------------------------------------ Lease
+
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    if (pin_ != nullptr) owner_->release(pin_);
+    owner_ = o.owner_;
+    pin_ = o.pin_;
+    hit_ = o.hit_;
+    fill_ = o.fill_;
+    o.pin_ = nullptr;
+  }
+  return *this;
+}
+
+Lease::~Lease() {
+  if (pin_ != nullptr) owner_->release(pin_);
+}
+
+void* Lease::data() const { return pin_->block; }
+size_t Lease::bytes() const { return pin_->bytes; }
+Subset Lease::subset() const { return pin_->subset; }
+
+void Lease::filled() {
+  PINS_ASSERT(pin_ != nullptr && fill_, "filled() on a lease that had nothing to fill");
+  owner_->mark_filled(pin_);
+  fill_ = false;
+}
+
+// ------------------------------------------------------------------ Balancer
+
+Balancer::Balancer(const Config& config, HostPool& pool, MemoryProbe& probe)
+    : pool_(pool), probe_(probe), config_(config) {}
+
+Balancer::~Balancer() {
+  std::vector<void*> blocks;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [id, m] : models_)
+      for (auto& subset : m->pins)
+        for (auto& [key, p] : subset) blocks.push_back(p->block);
+    for (auto& [p, owned] : orphans_) blocks.push_back(owned->block);
+    models_.clear();
+    orphans_.clear();
+  }
+  free_blocks(blocks, false);
+}
+
+void Balancer::configure(const Config& config) {
+  std::lock_guard<std::mutex> g(mu_);
+  config_ = config;
+}
+
+Config Balancer::config() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return config_;
+}
+
+Model& Balancer::model_locked(ModelId id, const char* what) {
+  auto it = models_.find(id);
+  PINS_CHECK_VALUE(it != models_.end(), what, ": model ", id, " is not registered");
+  return *it->second;
+}
+
+const Model& Balancer::model_locked(ModelId id, const char* what) const {
+  auto it = models_.find(id);
+  PINS_CHECK_VALUE(it != models_.end(), what, ": model ", id, " is not registered");
+  return *it->second;
+}
+
+ModelId Balancer::register_model(std::string name, std::string load_device) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto m = std::make_unique<Model>();
+  m->id = next_model_++;
+  m->name = std::move(name);
+  m->load_device = std::move(load_device);
+  m->load_seq = ++seq_;
+  const ModelId id = m->id;
+  models_.emplace(id, std::move(m));
+  return id;
+}
+
+bool Balancer::has_model(ModelId model) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return models_.count(model) != 0;
+}
+
+void Balancer::unlink_locked(Pin* p, std::vector<void*>& to_free) {
+  Model& m = *models_.at(p->model);
+  const int s = static_cast<int>(p->subset);
+  auto it = m.pins[s].find(p->key);
+  PINS_ASSERT(it != m.pins[s].end() && it->second.get() == p);
+  std::unique_ptr<Pin> owned = std::move(it->second);
+  m.pins[s].erase(it);
+  m.by_created[s].erase(p->created);
+  m.stats[s].pins--;
+  m.stats[s].bytes -= static_cast<int64_t>(p->bytes);
+  if (p->users > 0 || p->state == PinState::Evicting) {
+    // Someone still holds it: it is freed when they let go.
+    p->orphaned = true;
+    orphans_.emplace(p, std::move(owned));
+  } else if (p->block != nullptr) {
+    to_free.push_back(p->block);
+  }
+}
+
+void Balancer::free_blocks(const std::vector<void*>& blocks, bool trim) {
+  for (void* b : blocks)
+    if (b != nullptr) pool_.free(b);
+  if (trim) pool_.trim(0);
+}
+
+void Balancer::forget_model(ModelId model) {
+  std::vector<void*> blocks;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    Model& m = model_locked(model, "forget_model");
+    for (int s = 0; s < kSubsets; ++s) {
+      std::vector<Pin*> all;
+      for (auto& [key, p] : m.pins[s]) all.push_back(p.get());
+      for (Pin* p : all) {
+        m.stats[s].dropped++;
+        unlink_locked(p, blocks);
+      }
+    }
+    models_.erase(model);
+  }
+  free_blocks(blocks, false);
+}
+
+void Balancer::set_active(ModelId model, bool active) {
+  std::lock_guard<std::mutex> g(mu_);
+  Model& m = model_locked(model, "set_active");
+  if (active && !m.active) m.load_seq = ++seq_;
+  m.active = active;
+}
+
+void Balancer::mark_prompt(const std::vector<ModelId>& models) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (ModelId id : models) model_locked(id, "mark_prompt");  // all or nothing
+  prompt_ = true;
+  for (ModelId id : models) models_.at(id)->in_prompt = true;
+}
+
+bool Balancer::prompt_running() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return prompt_;
+}
+
+void Balancer::end_prompt() {
+  PINS_RANGE("pins::end_prompt");
+  std::vector<void*> blocks;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    prompt_ = false;
+    for (auto& [id, m] : models_) {
+      m->in_prompt = false;
+      const int s = static_cast<int>(Subset::Patches);
+      std::vector<Pin*> all;
+      for (auto& [key, p] : m->pins[s])
+        if (p->state != PinState::Evicting) all.push_back(p.get());
+      for (Pin* p : all) {
+        m->stats[s].dropped++;
+        unlink_locked(p, blocks);
+      }
+    }
+    // Note [Trace policy]: this prompt's record becomes the reference.
+    if (!trace_now_.empty()) {
+      trace_ref_ = std::move(trace_now_);
+      trace_now_.clear();
+      trace_pos_.clear();
+      for (uint32_t i = 0; i < trace_ref_.size(); ++i) trace_pos_[trace_ref_[i]].push_back(i);
+    }
+    cursor_ = 0;
+    departed_ = trace_ref_.empty();
+  }
+  free_blocks(blocks, false);
+}
+
+void Balancer::record_access_locked(const Request& r) {
+  const TraceKey k{r.model, r.kind, r.key};
+  trace_now_.push_back(k);
+  if (departed_) return;
+  const size_t window = std::max<size_t>(64, trace_ref_.size() / 50);
+  auto it = trace_pos_.find(k);
+  if (it != trace_pos_.end()) {
+    auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(cursor_));
+    if (pos != it->second.end() && *pos - cursor_ <= window) {
+      cursor_ = *pos + 1;
+      return;
+    }
+  }
+  departed_ = true;
+  trace_departures_++;
+}
+
+Pin* Balancer::find_locked(Model& m, Subset s, const Request& r, std::vector<void*>& to_free) {
+  auto it = m.pins[static_cast<int>(s)].find(r.key);
+  if (it == m.pins[static_cast<int>(s)].end()) return nullptr;
+  Pin* p = it->second.get();
+  if (p->state == PinState::Evicting) return p;  // the caller serves this cast from the source
+  const bool stale = p->version != r.version || (p->guard && !p->guard->alive()) ||
+                     (is_patch(s) && p->signature != r.signature);
+  if (!stale) return p;
+  m.stats[static_cast<int>(s)].dropped++;
+  unlink_locked(p, to_free);
+  return nullptr;
+}
+
+Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<SourceGuard>()>& make_guard) {
+  PINS_CHECK_VALUE(r.bytes > 0, "acquire: source bytes must be positive, got ", r.bytes);
+  std::vector<void*> stale;
+  Subset target;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    Model& m = model_locked(r.model, "cast_to_device");
+    record_access_locked(r);
+    m.last_use = ++clock_;
+    const Subset ss = streaming_subset(r.kind), cs = cache_subset(r.kind);
+    // DESIGN.md: the streaming subset first, then an existing -loaded pin,
+    // whatever the mode.
+    Pin* p = find_locked(m, ss, r, stale);
+    if (p == nullptr) p = find_locked(m, cs, r, stale);
+    if (p != nullptr) {
+      SubsetStats& st = m.stats[static_cast<int>(p->subset)];
+      if (p->state == PinState::Live) {
+        st.hits++;
+        st.hit_bytes += static_cast<int64_t>(p->bytes);
+        p->users++;
+        p->last_use = clock_;
+        Lease l;
+        l.owner_ = this;
+        l.pin_ = p;
+        l.hit_ = true;
+        return l;  // `stale` is empty: a pin was found on the first live lookup or after drops
+      }
+      // Still being filled or evicted by another thread: serve from the source.
+      busy_misses_++;
+      st.misses++;
+      st.miss_bytes += static_cast<int64_t>(r.bytes);
+      return {};  // `stale` is empty here too
+    }
+    const bool cache_allowed = !config_.fast_disk && config_.policy != PolicyKind::Lru;
+    target = (r.resident && cache_allowed && (r.kind == Kind::Weights || r.signature.has_value())) ? cs : ss;
+    SubsetStats& st = m.stats[static_cast<int>(target)];
+    st.misses++;
+    st.miss_bytes += static_cast<int64_t>(r.bytes);
+  }
+  free_blocks(stale, false);
+
+  if (!ensure_budget(r.bytes, is_streaming(target))) {
+    std::lock_guard<std::mutex> g(mu_);
+    refusals_++;
+    if (auto it = models_.find(r.model); it != models_.end()) it->second->refusals++;
+    return {};
+  }
+  const bool lock = !pool_.backend().can_lock() || ensure_lock_room(r.bytes);
+  void* block = pool_.try_allocate(r.bytes, lock);
+  if (block == nullptr) {
+    std::lock_guard<std::mutex> g(mu_);
+    refusals_++;
+    if (auto it = models_.find(r.model); it != models_.end()) it->second->refusals++;
+    return {};
+  }
+  std::unique_ptr<SourceGuard> guard = make_guard ? make_guard() : nullptr;
+
+  std::unique_lock<std::mutex> g(mu_);
+  auto it = models_.find(r.model);
+  const int s = static_cast<int>(target);
+  const bool raced = it != models_.end() && (it->second->pins[static_cast<int>(streaming_subset(r.kind))].count(r.key) ||
+                                             it->second->pins[static_cast<int>(cache_subset(r.kind))].count(r.key));
+  if (it == models_.end() || raced) {
+    // Forgotten meanwhile, or another thread pinned the same source: copy from the source.
+    g.unlock();
+    pool_.free(block);
+    return {};
+  }
+  Model& m = *it->second;
+  auto pin = std::make_unique<Pin>();
+  Pin* p = pin.get();
+  p->key = r.key;
+  p->subset = target;
+  p->model = r.model;
+  p->bytes = r.bytes;
+  p->block = block;
+  p->created = ++seq_;
+  p->last_use = clock_;
+  if (is_patch(target)) p->signature = r.signature;
+  p->version = r.version;
+  p->guard = std::move(guard);
+  p->state = PinState::Filling;
+  p->users = 1;
+  m.pins[s].emplace(r.key, std::move(pin));
+  m.by_created[s].emplace(p->created, p);
+  m.stats[s].pins++;
+  m.stats[s].bytes += static_cast<int64_t>(r.bytes);
+  m.stats[s].created++;
+  Lease l;
+  l.owner_ = this;
+  l.pin_ = p;
+  l.fill_ = true;
+  return l;
+}
+
+void Balancer::mark_filled(Pin* p) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (p->state == PinState::Filling) p->state = PinState::Live;
+}
+
+void Balancer::release(Pin* p) {
+  std::vector<void*> blocks;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    p->users--;
+    if (p->orphaned) {
+      if (p->users == 0) {
+        blocks.push_back(p->block);
+        orphans_.erase(p);
+      }
+    } else if (p->state == PinState::Filling && p->users == 0) {
+      // Dropped before filled(): the pin holds garbage.
+      models_.at(p->model)->stats[static_cast<int>(p->subset)].dropped++;
+      unlink_locked(p, blocks);
+    }
+  }
+  free_blocks(blocks, false);
+}
+
+// ------------------------------------------------------------------ budget
+
+bool Balancer::ensure_budget(size_t bytes, bool streaming) {
+  PINS_RANGE("pins::ensure_budget");
+  const MemoryInfo mi = probe_.read();
+  const Config c = config();
+  const uint64_t reserve = std::max(c.headroom / 2, c.pin_reserve);
+  const uint64_t need = bytes + reserve;
+  if (need <= mi.available) return true;
+  const size_t shortfall = need - mi.available;
+  const size_t freed = free_along_tiers(shortfall + c.pin_slack, streaming, false);
+  return freed >= shortfall;
+}
+
+bool Balancer::ensure_lock_room(size_t bytes) {
+  PINS_RANGE("pins::ensure_lock_room");
+  const Config c = config();
+  const uint64_t ceiling = pin_ceiling(probe_.read(), c);
+  const auto locked = [&] { return static_cast<uint64_t>(pool_.stats().locked_bytes.current); };
+  if (locked() + bytes <= ceiling) return true;
+  // Note [Pin eviction tiers]: drop page-locks (keeping the memory) in eviction
+  // order until the new pin fits under the ceiling with lock_hysteresis to spare.
+  const uint64_t goal = ceiling > c.lock_hysteresis + bytes ? ceiling - c.lock_hysteresis - bytes : 0;
+  std::vector<std::pair<Pin*, void*>> order;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    const uint64_t now = locked();
+    const uint64_t need = now > goal ? now - goal : 0;
+    uint64_t got = 0;
+    for (const Candidate& cand : order_locked(true, false)) {
+      if (got >= need) break;
+      Pin* p = cand.pin;
+      if (p->state != PinState::Live || p->users > 0 || p->block == nullptr || !pool_.is_locked(p->block)) continue;
+      p->state = PinState::Evicting;  // held against eviction and reuse while its lock drops
+      order.emplace_back(p, p->block);
+      got += p->bytes;
+    }
+  }
+  size_t i = 0;
+  std::vector<bool> dropped(order.size(), false);
+  for (; i < order.size() && locked() > goal; ++i)
+    if (pool_.is_locked(order[i].second)) dropped[i] = pool_.unlock(order[i].second) > 0;
+  std::vector<void*> blocks;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t j = 0; j < order.size(); ++j) {
+      Pin* p = order[j].first;
+      if (dropped[j] && !p->orphaned) models_.at(p->model)->stats[static_cast<int>(p->subset)].lock_drops++;
+      if (p->orphaned) {
+        blocks.push_back(p->block);
+        orphans_.erase(p);
+      } else {
+        p->state = PinState::Live;
+      }
+    }
+  }
+  free_blocks(blocks, false);
+  return locked() + bytes <= ceiling;
+}
+
+int Balancer::tier_locked(const Pin& p, const Model& m) const {
+  const bool in_prompt = m.in_prompt || m.active;
+  const bool streaming = is_streaming(p.subset);
+  if (!in_prompt) return streaming ? 1 : 2;
+  if (!streaming) return 3;
+  return m.active ? 5 : 4;
+}
+
+std::vector<Balancer::Candidate> Balancer::order_locked(bool streaming_request, bool evict_active) {
+  struct Row {
+    Candidate c;
+    const Model* m;
+    uint64_t next_use;
+  };
+  std::vector<Row> rows;
+  for (auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s)
+      for (auto& [created, p] : m->by_created[s]) {
+        const int tier = tier_locked(*p, *m);
+        if ((tier == 4 && !streaming_request) || (tier == 5 && !evict_active)) continue;
+        rows.push_back({{p, tier}, m.get(), 0});
+      }
+  const PolicyKind policy = config_.policy;
+  if (policy == PolicyKind::Trace && !departed_) {
+    // Note [Trace policy]: farthest predicted next use first.
+    constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+    const uint64_t len = trace_ref_.size();
+    for (Row& r : rows) {
+      auto it = trace_pos_.find({r.c.pin->model, is_patch(r.c.pin->subset) ? Kind::Patches : Kind::Weights,
+                                 r.c.pin->key});
+      if (it == trace_pos_.end()) {
+        r.next_use = kNever;
+        continue;
+      }
+      auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(cursor_));
+      r.next_use = pos != it->second.end() ? *pos - cursor_ : len - cursor_ + it->second.front();
+    }
+    std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+      if ((a.c.tier == 5) != (b.c.tier == 5)) return b.c.tier == 5;  // active streaming pins last
+      if (a.next_use != b.next_use) return a.next_use > b.next_use;
+      if (a.c.pin->bytes != b.c.pin->bytes) return a.c.pin->bytes > b.c.pin->bytes;
+      return a.c.pin->created > b.c.pin->created;
+    });
+  } else if (policy == PolicyKind::Lru) {
+    std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+      if (a.c.tier != b.c.tier) return a.c.tier < b.c.tier;
+      if (a.m->load_seq != b.m->load_seq) return a.m->load_seq < b.m->load_seq;
+      if (a.c.pin->last_use != b.c.pin->last_use) return a.c.pin->last_use < b.c.pin->last_use;
+      return a.c.pin->created < b.c.pin->created;
+    });
+  } else {
+    std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+      if (a.c.tier != b.c.tier) return a.c.tier < b.c.tier;
+      if (a.m->load_seq != b.m->load_seq) return a.m->load_seq > b.m->load_seq;
+      return a.c.pin->created > b.c.pin->created;
+    });
+  }
+  std::vector<Candidate> out;
+  out.reserve(rows.size());
+  for (const Row& r : rows) out.push_back(r.c);
+  return out;
+}
+
+size_t Balancer::free_along_tiers(size_t bytes, bool streaming_request, bool evict_active) {
+  PINS_RANGE("pins::free");
+  size_t freed = 0;
+  std::unordered_set<Pin*> skipped;
+  while (freed < bytes) {
+    std::vector<Candidate> batch;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      size_t want = bytes - freed, got = 0;
+      for (const Candidate& c : order_locked(streaming_request, evict_active)) {
+        Pin* p = c.pin;
+        if (skipped.count(p)) continue;
+        if (p->users > 0 || p->state != PinState::Live) {
+          models_.at(p->model)->stats[static_cast<int>(p->subset)].inflight_skips++;
+          skipped.insert(p);
+          continue;
+        }
+        p->state = PinState::Evicting;
+        batch.push_back(c);
+        got += p->bytes;
+        if (got >= want) break;
+      }
+    }
+    if (batch.empty()) break;
+    // Fence queries may call the driver: outside mu_ (Note [Balancer locking]).
+    std::vector<bool> busy(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i)
+      busy[i] = batch[i].pin->block != nullptr && pool_.in_flight(batch[i].pin->block);
+    std::vector<void*> blocks;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        Pin* p = batch[i].pin;
+        if (p->orphaned) {  // forgotten meanwhile: ours to free
+          freed += p->bytes;
+          blocks.push_back(p->block);
+          orphans_.erase(p);
+          continue;
+        }
+        SubsetStats& st = models_.at(p->model)->stats[static_cast<int>(p->subset)];
+        if (busy[i]) {
+          p->state = PinState::Live;
+          st.inflight_skips++;
+          skipped.insert(p);
+          continue;
+        }
+        st.evictions[batch[i].tier - 1]++;
+        st.evicted_bytes += static_cast<int64_t>(p->bytes);
+        freed += p->bytes;
+        p->state = PinState::Live;  // unlink frees it now that nobody holds it
+        unlink_locked(p, blocks);
+      }
+    }
+    free_blocks(blocks, false);
+  }
+  if (freed > 0) pool_.trim(0);  // give the RAM back to the OS now
+  return freed;
+}
+
+size_t Balancer::free(size_t bytes, bool evict_active) { return free_along_tiers(bytes, true, evict_active); }
+
+size_t Balancer::relieve() {
+  PINS_RANGE("pins::relieve");
+  sweep();
+  const MemoryInfo mi = probe_.read();
+  const Config c = config();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    relieve_calls_++;
+  }
+  if (mi.available >= c.headroom) return 0;
+  const size_t freed = free_along_tiers(c.headroom - mi.available + c.relieve_slack, true, false);
+  std::lock_guard<std::mutex> g(mu_);
+  pressure_freed_ += static_cast<int64_t>(freed);
+  return freed;
+}
+
+size_t Balancer::sweep() {
+  std::vector<void*> blocks;
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<Pin*> dead;
+    for (auto& [id, m] : models_)
+      for (auto& subset : m->pins)
+        for (auto& [key, p] : subset)
+          if (p->state == PinState::Live && p->guard && !p->guard->alive()) dead.push_back(p.get());
+    for (Pin* p : dead) {
+      models_.at(p->model)->stats[static_cast<int>(p->subset)].dropped++;
+      bytes += p->bytes;
+      unlink_locked(p, blocks);
+    }
+  }
+  free_blocks(blocks, false);
+  return bytes;
+}
+
+// ------------------------------------------------------------------ stats
+
+SubsetStats Balancer::subset_stats(ModelId model, Subset s) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return model_locked(model, "subset_stats").stats[static_cast<int>(s)];
+}
+
+std::vector<Balancer::PinInfo> Balancer::pins() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<PinInfo> out;
+  for (const auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s)
+      for (const auto& [created, p] : m->by_created[s])
+        out.push_back({id, p->subset, p->key, p->bytes, p->block != nullptr && pool_.is_locked(p->block)});
+  return out;
+}
+
+std::vector<std::pair<std::string, int64_t>> Balancer::stats() const {
+  const PoolStats ps = pool_.stats();
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::pair<std::string, int64_t>> out;
+  SubsetStats total[kSubsets];
+  int64_t pins = 0, bytes = 0, hits = 0, misses = 0, hit_bytes = 0, miss_bytes = 0, evictions = 0;
+  int64_t evicted_bytes = 0, dropped = 0, lock_drops = 0, skips = 0;
+  int64_t by_tier[kTiers] = {};
+  for (const auto& [id, m] : models_) {
+    const std::string prefix = "model." + std::to_string(id) + ".";
+    int64_t mp = 0, mb = 0;
+    for (int s = 0; s < kSubsets; ++s) {
+      const SubsetStats& st = m->stats[s];
+      const std::string sp = prefix + to_string(static_cast<Subset>(s)) + ".";
+      out.emplace_back(sp + "pins", st.pins);
+      out.emplace_back(sp + "bytes", st.bytes);
+      out.emplace_back(sp + "hits", st.hits);
+      out.emplace_back(sp + "misses", st.misses);
+      total[s].pins += st.pins;
+      total[s].bytes += st.bytes;
+      total[s].hits += st.hits;
+      total[s].misses += st.misses;
+      mp += st.pins;
+      mb += st.bytes;
+      hits += st.hits;
+      misses += st.misses;
+      hit_bytes += st.hit_bytes;
+      miss_bytes += st.miss_bytes;
+      evicted_bytes += st.evicted_bytes;
+      dropped += st.dropped;
+      lock_drops += st.lock_drops;
+      skips += st.inflight_skips;
+      for (int t = 0; t < kTiers; ++t) {
+        by_tier[t] += st.evictions[t];
+        evictions += st.evictions[t];
+      }
+    }
+    out.emplace_back(prefix + "pins", mp);
+    out.emplace_back(prefix + "bytes", mb);
+    out.emplace_back(prefix + "refusals", m->refusals);
+    out.emplace_back(prefix + "active", m->active);
+    out.emplace_back(prefix + "in_prompt", m->in_prompt);
+    pins += mp;
+    bytes += mb;
+  }
+  for (int s = 0; s < kSubsets; ++s) {
+    const std::string sp = std::string(to_string(static_cast<Subset>(s))) + ".";
+    out.emplace_back(sp + "pins", total[s].pins);
+    out.emplace_back(sp + "bytes", total[s].bytes);
+    out.emplace_back(sp + "hits", total[s].hits);
+    out.emplace_back(sp + "misses", total[s].misses);
+  }
+  for (int t = 0; t < kTiers; ++t) out.emplace_back("evictions.tier" + std::to_string(t + 1), by_tier[t]);
+  out.emplace_back("pins", pins);
+  out.emplace_back("pinned_bytes", bytes);
+  out.emplace_back("hits", hits);
+  out.emplace_back("misses", misses);
+  out.emplace_back("hit_bytes", hit_bytes);
+  out.emplace_back("miss_bytes", miss_bytes);
+  out.emplace_back("evictions", evictions);
+  out.emplace_back("evicted_bytes", evicted_bytes);
+  out.emplace_back("dropped", dropped);
+  out.emplace_back("lock_drops", lock_drops);
+  out.emplace_back("inflight_skips", skips);
+  out.emplace_back("refusals", refusals_);
+  out.emplace_back("busy_misses", busy_misses_);
+  out.emplace_back("pressure_freed_bytes", pressure_freed_);
+  out.emplace_back("relieve_calls", relieve_calls_);
+  out.emplace_back("trace_departures", trace_departures_);
+  out.emplace_back("prompt", prompt_);
+  out.emplace_back("models", static_cast<int64_t>(models_.size()));
+  out.emplace_back("committed_bytes", ps.committed_bytes.current);
+  out.emplace_back("locked_bytes", ps.locked_bytes.current);
+  out.emplace_back("reserved_bytes", ps.reserved_bytes.current);
+  out.emplace_back("pool_allocated_bytes", ps.allocated_bytes.current);
+  out.emplace_back("pool_requested_bytes", ps.requested_bytes.current);
+  out.emplace_back("pool_committed_peak_bytes", ps.committed_bytes.peak);
+  out.emplace_back("pool_registrations", ps.registrations);
+  out.emplace_back("pool_lock_ns", ps.lock_ns);
+  out.emplace_back("pool_refusals", ps.refusals);
+  out.emplace_back("pool_deferred_frees", ps.deferred_frees);
+  return out;
+}
+
+}  // namespace pins

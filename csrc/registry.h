@@ -1,0 +1,105 @@
+// Models and their pins: what the balancer keeps and evicts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+namespace pins {
+
+using ModelId = int64_t;
+
+// The four subsets of a model's pins (DESIGN.md "Concepts").
+enum class Subset : int { Weights = 0, Patches = 1, WeightsLoaded = 2, PatchesLoaded = 3 };
+constexpr int kSubsets = 4;
+const char* to_string(Subset s);
+inline bool is_streaming(Subset s) { return s == Subset::Weights || s == Subset::Patches; }
+inline bool is_patch(Subset s) { return s == Subset::Patches || s == Subset::PatchesLoaded; }
+
+// What the caller says a source is: a weight or a patch tensor.
+enum class Kind { Weights, Patches };
+inline Subset streaming_subset(Kind k) { return k == Kind::Weights ? Subset::Weights : Subset::Patches; }
+inline Subset cache_subset(Kind k) { return k == Kind::Weights ? Subset::WeightsLoaded : Subset::PatchesLoaded; }
+
+// A source's identity: its storage, byte offset and size; `layout` tells apart
+// non-contiguous views of the same bytes (0 for a contiguous source).
+struct PinKey {
+  uint64_t storage = 0;
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+  uint64_t layout = 0;
+  bool operator==(const PinKey&) const = default;
+};
+struct PinKeyHash {
+  size_t operator()(const PinKey& k) const {
+    uint64_t h = k.storage * 0x9E3779B97F4A7C15ull;
+    h ^= k.offset + 0x632BE59BD9B4E019ull + (h << 6) + (h >> 2);
+    h ^= k.nbytes + 0x85EBCA77C2B2AE63ull + (h << 6) + (h >> 2);
+    h ^= k.layout + 0x27D4EB2F165667C5ull + (h << 6) + (h >> 2);
+    return static_cast<size_t>(h);
+  }
+};
+
+// Whether a pin's source still exists. The torch layer implements it with a weak
+// reference to the source's storage, so a pin never outlives (or is served for a
+// new storage at the address of) a dead one. nullptr: always alive (simulator).
+class SourceGuard {
+ public:
+  virtual ~SourceGuard() = default;
+  virtual bool alive() const = 0;
+};
+
+enum class PinState { Filling, Live, Evicting };
+
+struct Pin {
+  PinKey key;
+  Subset subset = Subset::Weights;
+  ModelId model = -1;
+  size_t bytes = 0;
+  void* block = nullptr;                  // pool block (null in dry runs of the simulator)
+  uint64_t created = 0;                   // creation order, global
+  uint64_t last_use = 0;                  // balancer clock at last hit or fill
+  std::optional<int64_t> signature;       // patch set, for patches-loaded
+  uint64_t version = 0;                   // the source's version counter when filled
+  std::unique_ptr<SourceGuard> guard;
+  PinState state = PinState::Filling;
+  int users = 0;                          // leases out (copies being issued)
+  bool orphaned = false;                  // detached from its model; freed when users drops to 0
+};
+
+// Per model and subset counters; levels are `pins` and `bytes`, the rest COUNT/SUM.
+constexpr int kTiers = 5;
+struct SubsetStats {
+  int64_t pins = 0;            // level
+  int64_t bytes = 0;           // level
+  int64_t hits = 0;            // COUNT
+  int64_t misses = 0;          // COUNT
+  int64_t hit_bytes = 0;       // SUM
+  int64_t miss_bytes = 0;      // SUM
+  int64_t created = 0;         // COUNT pins created
+  int64_t evictions[kTiers] = {};  // COUNT evictions by tier (index tier-1)
+  int64_t evicted_bytes = 0;   // SUM
+  int64_t dropped = 0;         // COUNT pins dropped for a stale source, signature change, prompt boundary, forget
+  int64_t lock_drops = 0;      // COUNT page-lock drops (registration ceiling)
+  int64_t inflight_skips = 0;  // COUNT eviction candidates skipped for a copy in flight or a lease
+};
+
+struct Model {
+  ModelId id = -1;
+  std::string name;
+  std::string load_device;
+  uint64_t load_seq = 0;        // larger: loaded more recently
+  uint64_t last_use = 0;
+  bool in_prompt = false;
+  bool active = false;
+  int64_t refusals = 0;         // COUNT pins the budget refused
+  SubsetStats stats[kSubsets];
+  std::unordered_map<PinKey, std::unique_ptr<Pin>, PinKeyHash> pins[kSubsets];
+  std::map<uint64_t, Pin*> by_created[kSubsets];  // newest last
+};
+
+}  // namespace pins
