@@ -20,9 +20,11 @@ fi
 
 stamp=.venv/.pins-setup-stamp
 req=python_bindings/requirements-dev.txt
-if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ] || [ python_bindings/pyproject.toml -nt "$stamp" ]; then
   echo "setup: creating .venv (torch from local wheels)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q -r "$req"
+  # The pins package, editable: it loads the libpins.so the build copies into it.
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e python_bindings
   touch "$stamp"
 fi

@@ -1,5 +1,29 @@
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python_bindings"))
+
+DEFAULTS = "policy:mru,fast_disk:false,headroom:4G,pin_reserve:2G,cap:0"
+
+
+@pytest.fixture
+def pins():
+    """The pins package with default settings restored around each test."""
+    import pins as p
+
+    p.configure(DEFAULTS)
+    yield p
+    p.configure(DEFAULTS)
+
+
+@pytest.fixture
+def model(pins):
+    m = pins.register_model("test-model", "cpu")
+    yield m
+    try:
+        pins.forget_model(m)
+    except RuntimeError:
+        pass  # the test forgot it itself

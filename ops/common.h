@@ -1,0 +1,29 @@
+// What every op needs: the runtime, and the translation of the core's
+// exceptions into torch errors (RuntimeError in Python, naming what was wrong).
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <utility>
+
+#include "csrc/check.h"
+#include "csrc/runtime.h"
+
+namespace pins::ops {
+
+template <typename F>
+auto translate(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const pins::ValueError& e) {
+    TORCH_CHECK(false, e.what());
+  } catch (const pins::ResourceError& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+inline Balancer& balancer() {
+  return translate([]() -> Balancer& { return Runtime::get().balancer(); });
+}
+
+}  // namespace pins::ops

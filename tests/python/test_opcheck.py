@@ -1,0 +1,63 @@
+"""torch.library.opcheck on every op, and torch.compile of a function that casts."""
+import pytest
+import torch
+
+
+def test_opcheck_cast_to_device(pins, model):
+    w = torch.randn(8, 8)
+    for kwargs in ({}, {"dtype": torch.float16}, {"model": model}, {"model": model, "resident": True},
+                   {"model": model, "kind": "patches", "resident": True, "signature": 3}):
+        args = (w, torch.device("cpu"), kwargs.get("dtype"), False, kwargs.get("model", -1),
+                kwargs.get("kind", "weights"), kwargs.get("resident", False), kwargs.get("signature"))
+        torch.library.opcheck(torch.ops.pins.cast_to_device.default, args)
+
+
+@pytest.mark.parametrize("name,args", [
+    ("register_model", ("opcheck", torch.device("cpu"))),
+    ("set_active", None),
+    ("mark_prompt", None),
+    ("end_prompt", ()),
+    ("free_pins", (0, False)),
+    ("stats", ()),
+    ("configure", ("fast_disk:false",)),
+])
+def test_opcheck_control_ops(pins, model, name, args):
+    if args is None:
+        args = {"set_active": (model, False), "mark_prompt": ([model],)}[name]
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    if name in ("register_model", "stats"):
+        # Each call returns a new id / the counters of that moment, so eager and
+        # traced runs cannot agree; the other checks still apply.
+        utils = utils[:3]
+    torch.library.opcheck(getattr(torch.ops.pins, name).default, args, test_utils=utils)
+    pins.end_prompt()
+
+
+def test_opcheck_forget_model(pins):
+    m = pins.register_model("to-forget", "cpu")
+    # forget_model cannot run twice on one id, so only the schema checks apply.
+    torch.library.opcheck(torch.ops.pins.forget_model.default, (m,), test_utils=("test_schema",))
+
+
+def test_torch_compile_fullgraph_traces_cast(pins, model):
+    w = torch.randn(32, 16)
+
+    def f(x):
+        y = torch.ops.pins.cast_to_device(x, torch.device("cpu"), torch.float16, False, model, "weights", True, None)
+        return y * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    before = pins.stats()["hits"]
+    out = compiled(w)
+    assert torch.equal(out, (w.to(torch.float16) * 2))
+    out = compiled(w)
+    assert pins.stats()["hits"] >= before + 1, "the compiled graph runs the real op"
+
+
+def test_fake_kernel_reports_the_target_device_and_dtype(pins):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 5)
+        y = torch.ops.pins.cast_to_device(x, torch.device("meta"), torch.bfloat16)
+    assert y.shape == (4, 5) and y.dtype == torch.bfloat16 and y.device.type == "meta"

@@ -1,0 +1,74 @@
+"""TorchScript round trip in a fresh process, the C++ app built with
+find_package(pins), and the pip-installable package."""
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.join(ROOT, "build")
+
+
+class Caster(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.arange(16 * 8, dtype=torch.float32).reshape(16, 8) / 7)
+
+    def forward(self, x: torch.Tensor, model: int) -> torch.Tensor:
+        w = torch.ops.pins.cast_to_device(self.w, x.device, x.dtype, False, model, "weights", False, None)
+        return x @ w
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    import pins  # noqa: F401  (loads the library, so the op resolves while scripting)
+
+    path = str(tmp_path_factory.mktemp("ts") / "caster.pt")
+    torch.jit.script(Caster()).save(path)
+    return path
+
+
+def test_torchscript_round_trip_in_a_fresh_process(scripted):
+    code = f"""
+import torch, pins
+m = torch.jit.load({scripted!r})
+model = pins.register_model("ts", "cpu")
+x = torch.randn(3, 16)
+want = x @ m.w
+for _ in range(2):
+    assert torch.equal(m(x, model), want)
+s = pins.stats()
+assert s["hits"] == 1 and s["misses"] == 1, dict(s)
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python_bindings"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_cpp_app_with_find_package(scripted):
+    app_build = os.path.join(BUILD, "examples", "cpp_app")
+    prefix = torch.utils.cmake_prefix_path
+    cfg = subprocess.run(["cmake", "-S", os.path.join(ROOT, "examples", "cpp_app"), "-B", app_build, "-G", "Ninja",
+                          f"-Dpins_DIR={BUILD}", f"-DCMAKE_PREFIX_PATH={prefix}"], capture_output=True, text=True)
+    assert cfg.returncode == 0, cfg.stdout + cfg.stderr
+    build = subprocess.run(["cmake", "--build", app_build], capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run([os.path.join(app_build, "pins_cpp_app"), scripted], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("pins_cpp_app: ok hits=2 misses=2 pins=2"), run.stdout
+
+
+def test_package_builds_a_wheel_with_the_library(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), os.path.join(ROOT, "python_bindings")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    wheels = [f for f in os.listdir(tmp_path) if f.endswith(".whl")]
+    assert len(wheels) == 1
+    names = zipfile.ZipFile(tmp_path / wheels[0]).namelist()
+    assert "pins/__init__.py" in names and "pins/_fake.py" in names
+    assert "pins/_lib/libpins.so" in names
