@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "csrc/check.h"
+#include "csrc/nvtx.h"
 
 namespace pins {
 
@@ -210,6 +211,7 @@ void* HostPool::try_allocate(size_t size, bool lock) {
     const int64_t t1 = now_ns();
     int lrc = 0;
     if (rc == 0 && want_lock) {
+      PINS_RANGE("pins::register");
       lrc = backend_->lock(p, esize);
       if (lrc != 0) backend_->decommit(p, esize);
     }
@@ -324,6 +326,7 @@ void HostPool::decommit(std::vector<Extent*> victims) {
   std::vector<Done> done;
   for (Extent* e : victims) {
     void* p = reinterpret_cast<void*>(e->base);
+    PINS_RANGE("pins::decommit");
     const int64_t t0 = now_ns();
     const bool unlocked = e->locked && backend_->unlock(p, e->size) == 0;
     const int64_t t1 = now_ns();
@@ -496,6 +499,7 @@ size_t HostPool::unlock(void* ptr) {
   int rc = 0;
   int64_t ns = 0;
   if (!busy) {
+    PINS_RANGE("pins::unregister");
     const int64_t t0 = now_ns();
     rc = backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
     ns = now_ns() - t0;

@@ -601,6 +601,14 @@ std::vector<std::pair<std::string, int64_t>> Balancer::stats() const {
       out.emplace_back(sp + "bytes", st.bytes);
       out.emplace_back(sp + "hits", st.hits);
       out.emplace_back(sp + "misses", st.misses);
+      out.emplace_back(sp + "hit_bytes", st.hit_bytes);
+      out.emplace_back(sp + "miss_bytes", st.miss_bytes);
+      out.emplace_back(sp + "created", st.created);
+      out.emplace_back(sp + "evicted_bytes", st.evicted_bytes);
+      out.emplace_back(sp + "dropped", st.dropped);
+      out.emplace_back(sp + "lock_drops", st.lock_drops);
+      out.emplace_back(sp + "inflight_skips", st.inflight_skips);
+      for (int t = 0; t < kTiers; ++t) out.emplace_back(sp + "evictions.tier" + std::to_string(t + 1), st.evictions[t]);
       total[s].pins += st.pins;
       total[s].bytes += st.bytes;
       total[s].hits += st.hits;

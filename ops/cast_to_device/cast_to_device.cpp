@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include "allocator/torch_allocator.h"
+#include "csrc/nvtx.h"
 #include "ops/common.h"
 #include "ops/pins_ops.h"
 
@@ -74,6 +75,7 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
   TORCH_CHECK(model >= -1, "cast_to_device: model must be a registered model id or -1, got ", model);
   if (model == -1) return plain_copy(source, device, dtype, non_blocking);
 
+  PINS_RANGE("pins::cast_to_device");
   Balancer& bal = balancer();
   TORCH_CHECK(bal.has_model(model), "cast_to_device: model ", model, " is not registered");
   const size_t nbytes = static_cast<size_t>(source.numel()) * source.element_size();
@@ -96,6 +98,7 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
 
   at::Tensor pin = at::from_blob(lease.data(), source.sizes(), source.options().memory_format(at::MemoryFormat::Contiguous));
   if (lease.needs_fill()) {
+    PINS_RANGE("pins::fill");
     pin.copy_(source);
     lease.filled();
   }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: build pins against that machine's torch, run
+# every test (the CUDA ones included) and the benchmarks, and write the logs
+# under $OUT. GoogleTest is not installed there: prepare a copy of its source
+# here first (profiling/gpu_prepare.sh puts it in .gpu-deps/, carried along).
+#   device run: carry [".gpu-deps"], command "bash profiling/gpu_check.sh"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' | tee -a "$OUT/summary.txt"
+prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+gtest_arg=()
+[ -d .gpu-deps/googletest ] && gtest_arg=(-DPINS_GTEST_SOURCE="$PWD/.gpu-deps/googletest")
+cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "${gtest_arg[@]}" > "$OUT/configure.log" 2>&1 \
+  || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { log "build failed"; tail -40 "$OUT/build.log"; exit 1; }
+log "built"
+(cd build-gpu && ctest --output-on-failure -j 8) > "$OUT/ctest.log" 2>&1
+log "ctest rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
+PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" PYTHONPATH="$PWD/python_bindings" \
+  python3 -m pytest -q tests/python -k "not wheel and not cpp_app" > "$OUT/pytest.log" 2>&1
+log "pytest rc=$? $(tail -1 "$OUT/pytest.log")"
+build-gpu/bin/pins-bench alloc > "$OUT/bench-alloc.txt" 2>&1
+log "bench alloc: $(tail -1 "$OUT/bench-alloc.txt")"
+PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_h2d.py > "$OUT/bench-h2d.txt" 2>&1
+log "bench h2d: $(tail -1 "$OUT/bench-h2d.txt")"
+cat "$OUT/summary.txt"

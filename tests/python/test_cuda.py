@@ -1,0 +1,49 @@
+"""The cast path on a CUDA device: pinned DMA, non_blocking with fences. Skips
+without a CUDA device (run profiling/gpu_check.sh on a GPU machine)."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_pool_is_cuda_backed_and_pins_are_pinned(pins, model):
+    assert pins.stats().get("backend.cuda") == 1
+    w = torch.randn(1 << 20)
+    out = pins.cast_to_device(w, "cuda", model=model)
+    assert out.device.type == "cuda"
+    assert torch.equal(out.cpu(), w)
+    assert pins.stats()["locked_bytes"] > 0
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16])
+def test_non_blocking_matches_torch(pins, model, dtype):
+    w = torch.randn(4096, 257)
+    want = w.to("cuda") if dtype is None else w.to("cuda").to(dtype)
+    for _ in range(3):  # miss, hit, hit
+        got = pins.cast_to_device(w, "cuda", dtype=dtype, non_blocking=True, model=model, resident=True)
+        torch.cuda.current_stream().synchronize()
+        assert torch.equal(got, want)
+    assert pins.stats()[f"model.{model}.weights-loaded.hits"] >= 2
+
+
+def test_a_pin_with_a_copy_in_flight_is_not_evicted(pins, model):
+    w = torch.randn(64 << 20 >> 2)  # 64 MiB
+    pins.cast_to_device(w, "cuda", model=model)
+    # Keep the stream busy so the next copy is still queued when we try to evict.
+    side = torch.randn(8192, 8192, device="cuda")
+    for _ in range(20):
+        side = side @ side
+        side /= side.norm()
+    out = pins.cast_to_device(w, "cuda", non_blocking=True, model=model)
+    before = pins.stats()["inflight_skips"]
+    freed = pins.free_pins(1 << 40)
+    if pins.stats()["inflight_skips"] == before:
+        pytest.skip("the copy completed before the eviction could see it in flight")
+    assert freed < w.numel() * 4 or pins.stats()["pool_deferred_frees"] > 0
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), w)
+
+
+def test_cuda_source_is_refused_with_a_clear_error(pins, model):
+    with pytest.raises(RuntimeError, match=r"source must be a CPU tensor, got device cuda"):
+        pins.cast_to_device(torch.randn(4, device="cuda"), "cuda", model=model)
