@@ -80,6 +80,34 @@ std::optional<uint64_t> read_cgroup_number(const std::string& path, bool max_ok)
   return n;
 }
 
+// Calls f(line) for each line of `text`, without its newline.
+template <typename F>
+void for_each_line(std::string_view text, F&& f) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    f(text.substr(pos, eol - pos));
+    pos = eol + 1;
+  }
+}
+
+// The value of `key` in a memory.stat file ("key 123" lines); 0 when the file
+// or the key is missing.
+uint64_t stat_value(const std::string& path, std::string_view key) {
+  std::string text;
+  if (read_small_file(path, text) != 0) return 0;
+  uint64_t value = 0;
+  for_each_line(text, [&](std::string_view line) {
+    if (line.size() > key.size() && line.substr(0, key.size()) == key && line[key.size()] == ' ') {
+      const auto n = to_u64(trim(line.substr(key.size() + 1)));
+      if (!n) malformed(path, line);
+      value = *n;
+    }
+  });
+  return value;
+}
+
 // One "Key:   123 kB" line of meminfo, in bytes.
 uint64_t meminfo_value(const std::string& path, std::string_view line, std::string_view rest) {
   rest = trim(rest);
@@ -121,21 +149,16 @@ void SystemMemoryProbe::resolve_cgroup() {
   // one hierarchy: a v1 line naming it wins over the v2 line "0::path" (hybrid
   // systems have both, and their v2 hierarchy holds no memory controller).
   std::optional<std::string> v1, v2;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    const std::string_view line(text.data() + pos, eol - pos);
-    pos = eol + 1;
+  for_each_line(text, [&](std::string_view line) {
     const size_t c1 = line.find(':');
     const size_t c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
-    if (c2 == std::string_view::npos) continue;
+    if (c2 == std::string_view::npos) return;
     const std::string_view id = line.substr(0, c1);
     const std::string_view controllers = line.substr(c1 + 1, c2 - c1 - 1);
     const std::string path(line.substr(c2 + 1));
     if (id == "0" && controllers.empty()) {
       v2 = path;
-      continue;
+      return;
     }
     for (size_t b = 0; b <= controllers.size();) {
       size_t e = controllers.find(',', b);
@@ -143,16 +166,18 @@ void SystemMemoryProbe::resolve_cgroup() {
       if (controllers.substr(b, e - b) == "memory") v1 = path;
       b = e + 1;
     }
-  }
+  });
   const fs::path base = fs::path(root_) / "sys/fs/cgroup";
   if (v1) {
     cgroup_v1_ = true;
     for (const auto& d : cgroup_path(base / "memory", *v1))
-      cgroup_.push_back({(d / "memory.limit_in_bytes").string(), (d / "memory.usage_in_bytes").string(), {}, {}});
+      cgroup_.push_back({(d / "memory.limit_in_bytes").string(), (d / "memory.usage_in_bytes").string(), {}, {},
+                         (d / "memory.stat").string()});
   } else if (v2) {
     for (const auto& d : cgroup_path(base, *v2))
       cgroup_.push_back({(d / "memory.max").string(), (d / "memory.current").string(),
-                         (d / "memory.swap.max").string(), (d / "memory.swap.current").string()});
+                         (d / "memory.swap.max").string(), (d / "memory.swap.current").string(),
+                         (d / "memory.stat").string()});
   }
 }
 
@@ -163,14 +188,9 @@ MemoryInfo SystemMemoryProbe::read() {
 
   MemoryInfo m;
   bool have_total = false, have_available = false;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    const std::string_view line(text.data() + pos, eol - pos);
-    pos = eol + 1;
+  for_each_line(text, [&](std::string_view line) {
     const size_t colon = line.find(':');
-    if (colon == std::string_view::npos) continue;
+    if (colon == std::string_view::npos) return;
     const std::string_view key = line.substr(0, colon), rest = line.substr(colon + 1);
     if (key == "MemTotal") {
       m.total = meminfo_value(meminfo_path_, line, rest);
@@ -183,7 +203,7 @@ MemoryInfo SystemMemoryProbe::read() {
     } else if (key == "SwapFree") {
       m.swap_free = meminfo_value(meminfo_path_, line, rest);
     }
-  }
+  });
   if (!have_total || !have_available)
     throw ResourceError(detail::cat(meminfo_path_, " has no ", have_total ? "MemAvailable" : "MemTotal", " line"));
 
@@ -196,7 +216,9 @@ MemoryInfo SystemMemoryProbe::read() {
     if (lim && cgroup_v1_ && *lim >= kV1Unlimited) lim.reset();
     if (lim) {
       limit = std::min(limit, *lim);
-      room = std::min(room, sub_sat(*lim, read_cgroup_number(d.usage, false).value_or(0)));
+      const uint64_t usage = read_cgroup_number(d.usage, false).value_or(0);
+      const uint64_t reclaimable = stat_value(d.stat, cgroup_v1_ ? "total_inactive_file" : "inactive_file");
+      room = std::min(room, sub_sat(*lim, sub_sat(usage, reclaimable)));
     }
     if (d.swap_limit.empty()) continue;
     if (const auto slim = read_cgroup_number(d.swap_limit, true)) {

@@ -27,6 +27,10 @@ class MemoryProbe {
   virtual MemoryInfo read() = 0;
 };
 
+// A cgroup's usage counts its page cache, which the kernel reclaims before it
+// runs out; like MemAvailable, the room left under a limit counts the inactive
+// file cache (memory.stat inactive_file, v1 total_inactive_file) as available.
+//
 // Reads <root>/proc/meminfo, <root>/proc/self/cgroup and the cgroup files under
 // <root>/sys/fs/cgroup (v2: memory.max, memory.current, memory.swap.max, taking
 // the tightest limit along the path to the root; v1: memory/memory.limit_in_bytes,
@@ -46,6 +50,7 @@ class SystemMemoryProbe final : public MemoryProbe {
     std::string usage;       // v2 memory.current, v1 memory.usage_in_bytes
     std::string swap_limit;  // v2 memory.swap.max; empty for v1
     std::string swap_usage;  // v2 memory.swap.current; empty for v1
+    std::string stat;        // memory.stat: its inactive file cache is reclaimable
   };
   void resolve_cgroup();
 

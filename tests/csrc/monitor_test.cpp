@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/csrc/fixture_root.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -49,34 +51,7 @@ bool eventually(Cond cond) {
   return true;
 }
 
-// A fake system root in a fresh temp directory.
-class FixtureRoot {
- public:
-  FixtureRoot() {
-    std::string tmpl = (fs::temp_directory_path() / "pins_monitor_XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + tmpl);
-    dir_ = tmpl;
-  }
-  ~FixtureRoot() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  void write(const std::string& rel, const std::string& text) const {
-    const fs::path p = dir_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-  }
-  std::string read(const std::string& rel) const {
-    std::ifstream f(dir_ / rel);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
-  }
-  std::string path() const { return dir_.string(); }
-
- private:
-  fs::path dir_;
-};
+using testing::FixtureRoot;
 
 // A root with no proc/pressure: the monitor polls.
 std::string polling_root() {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/csrc/fixture_root.h"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,30 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fake system root (proc/, sys/fs/cgroup/) in a fresh temp directory.
-class FixtureRoot {
- public:
-  FixtureRoot() {
-    std::string tmpl = (fs::temp_directory_path() / "pins_sysmem_XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + tmpl);
-    dir_ = tmpl;
-  }
-  ~FixtureRoot() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  void write(const std::string& rel, const std::string& text) const {
-    const fs::path p = dir_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-  }
-  void mkdir(const std::string& rel) const { fs::create_directories(dir_ / rel); }
-  std::string path() const { return dir_.string(); }
-  std::string file(const std::string& rel) const { return (dir_ / rel).string(); }
-
- private:
-  fs::path dir_;
-};
+using testing::FixtureRoot;
 
 // A meminfo in the kernel's layout; the values are in GiB. SwapCached and the
 // unit-less HugePages lines are there to catch sloppy key matching.
@@ -130,6 +109,29 @@ TEST(SystemMemoryProbe, V2LimitBelowMemTotalBoundsTotalAndAvailable) {
   EXPECT_EQ(m.total, 8 * GiB);
   EXPECT_EQ(m.available, 2 * GiB);
   EXPECT_TRUE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, InactiveFileCacheCountsAsAvailable) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/job\n");
+  root.write("sys/fs/cgroup/job/memory.max", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/job/memory.current", bytes(7 * GiB));
+  root.write("sys/fs/cgroup/job/memory.stat", "anon 3221225472\nfile 4294967296\nactive_file 1073741824\n"
+                                              "inactive_file 3221225472\nslab 1\n");
+  EXPECT_EQ(probe(root).available, 4 * GiB) << "8 - (7 - 3 inactive file)";
+  root.write("sys/fs/cgroup/job/memory.stat", "anon 1\ninactive_file x\n");
+  EXPECT_THROW(probe(root), ResourceError);
+}
+
+TEST(SystemMemoryProbe, V1InactiveFileCacheCountsAsAvailable) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "4:memory:/job\n0::/\n");
+  root.write("sys/fs/cgroup/memory/job/memory.limit_in_bytes", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/memory/job/memory.usage_in_bytes", bytes(7 * GiB));
+  root.write("sys/fs/cgroup/memory/job/memory.stat", "inactive_file 99\ntotal_inactive_file 2147483648\n");
+  EXPECT_EQ(probe(root).available, 3 * GiB);
 }
 
 TEST(SystemMemoryProbe, V2NestedParentTighterThanChild) {
