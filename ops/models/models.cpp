@@ -18,7 +18,11 @@ void forget_model_kernel(int64_t model) {
 }
 
 void set_active_kernel(int64_t model, bool active) {
-  translate([&] { balancer().set_active(model, active); });
+  translate([&] {
+    Balancer& b = balancer();
+    b.set_active(model, active);
+    b.relieve();  // a node boundary: the RAM-pressure check of DESIGN.md "Budget"
+  });
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ void end_prompt_kernel() {
   translate([&] {
     Balancer& b = balancer();
     b.end_prompt();
-    b.sweep();  // pins of sources that died during the prompt
+    b.relieve();  // drops pins of sources that died, then the RAM-pressure check
   });
 }
 

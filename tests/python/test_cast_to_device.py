@@ -210,3 +210,17 @@ def test_set_active_and_stats_table(pins, model):
     table = str(s)
     assert "pinned_bytes" in table and "\n" in table
     pins.set_active(model, False)
+
+
+def test_node_boundary_relieves_ram_pressure(pins, model):
+    other = pins.register_model("node-boundary", "cpu")
+    ws = [torch.randn(1 << 14) for _ in range(3)]
+    for w in ws:
+        pins.cast_to_device(w, "cpu", model=model)
+    before = pins.stats()
+    pins.configure(headroom="1T")  # available RAM is now far below the headroom
+    pins.set_active(other, True)   # a node starts: the pressure check runs
+    assert delta(pins, before, "pressure_freed_bytes") >= 3 * (1 << 14) * 4
+    assert subset_pins(pins, model, "weights") == 0
+    pins.set_active(other, False)
+    pins.forget_model(other)
