@@ -6,7 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-apt_pkgs=(cmake ninja-build g++ libgtest-dev libbenchmark-dev nlohmann-json3-dev)
+apt_pkgs=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
