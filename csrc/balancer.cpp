@@ -186,32 +186,78 @@ void Balancer::end_prompt() {
     }
     // Note [Trace policy]: this prompt's record becomes the reference.
     if (!trace_now_.empty()) {
-      trace_ref_ = std::move(trace_now_);
+      TraceRecord rec;
+      rec.keys = std::move(trace_now_);
+      for (uint32_t i = 0; i < rec.keys.size(); ++i) rec.pos[rec.keys[i]].push_back(i);
+      trace_records_.push_front(std::move(rec));
+      if (trace_records_.size() > kTraceRecords) trace_records_.pop_back();
       trace_now_.clear();
-      trace_pos_.clear();
-      for (uint32_t i = 0; i < trace_ref_.size(); ++i) trace_pos_[trace_ref_[i]].push_back(i);
+      trace_now_first_.clear();
     }
-    cursor_ = 0;
-    departed_ = trace_ref_.empty();
+    for (TraceRecord& rec : trace_records_) {
+      rec.cursor = 0;
+      rec.departed = false;
+    }
+    departed_ = trace_records_.empty();
   }
   free_blocks(blocks, false);
 }
 
 void Balancer::record_access_locked(const Request& r) {
   const TraceKey k{r.model, r.kind, r.key};
+  trace_now_first_.emplace(k, static_cast<uint32_t>(trace_now_.size()));
   trace_now_.push_back(k);
   if (departed_) return;
-  const size_t window = std::max<size_t>(64, trace_ref_.size() / 50);
-  auto it = trace_pos_.find(k);
-  if (it != trace_pos_.end()) {
-    auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(cursor_));
-    if (pos != it->second.end() && *pos - cursor_ <= window) {
-      cursor_ = *pos + 1;
-      return;
+  bool following = false;
+  for (TraceRecord& rec : trace_records_) {
+    if (rec.departed) continue;
+    const size_t window = std::max<size_t>(64, rec.keys.size() / 50);
+    bool found = false;
+    if (auto it = rec.pos.find(k); it != rec.pos.end()) {
+      auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(rec.cursor));
+      if (pos != it->second.end() && *pos - rec.cursor <= window) {
+        rec.cursor = *pos + 1;
+        found = true;
+      }
     }
+    // A patch set that changed (a LoRA swap) leaves the weights' order as it was.
+    if (!found && k.kind != Kind::Patches) rec.departed = true;
+    following |= !rec.departed;
   }
-  departed_ = true;
-  trace_departures_++;
+  if (!following) {
+    departed_ = true;
+    trace_departures_++;
+  }
+}
+
+uint64_t Balancer::trace_next_use_locked(const TraceKey& k) const {
+  constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+  uint64_t best = kNever;
+  size_t active = trace_records_.size();
+  for (size_t i = 0; i < trace_records_.size(); ++i) {
+    const TraceRecord& rec = trace_records_[i];
+    if (rec.departed) continue;
+    if (active == trace_records_.size()) active = i;
+    auto it = rec.pos.find(k);
+    if (it == rec.pos.end()) continue;
+    auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(rec.cursor));
+    if (pos != it->second.end()) best = std::min<uint64_t>(best, *pos - rec.cursor);
+  }
+  if (best != kNever || active == trace_records_.size()) return best;
+  // Not used again in this prompt: when the prompt that followed the active
+  // record last time comes again (Note [Trace policy]).
+  const TraceRecord& ref = trace_records_[active];
+  const uint64_t rest = ref.keys.size() - std::min(ref.cursor, ref.keys.size());
+  uint64_t next_len = ref.keys.size();
+  if (active == 0) {
+    if (auto it = trace_now_first_.find(k); it != trace_now_first_.end()) return rest + it->second;
+  } else {
+    const TraceRecord& next = trace_records_[active - 1];
+    if (auto it = next.pos.find(k); it != next.pos.end()) return rest + it->second.front();
+    next_len = next.keys.size();
+  }
+  if (auto it = ref.pos.find(k); it != ref.pos.end()) return rest + next_len + it->second.front();
+  return kNever;
 }
 
 Pin* Balancer::find_locked(Model& m, Subset s, const Request& r, std::vector<void*>& to_free) {
@@ -431,18 +477,9 @@ std::vector<Balancer::Candidate> Balancer::order_locked(bool streaming_request, 
   const PolicyKind policy = config_.policy;
   if (policy == PolicyKind::Trace && !departed_) {
     // Note [Trace policy]: farthest predicted next use first.
-    constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
-    const uint64_t len = trace_ref_.size();
-    for (Row& r : rows) {
-      auto it = trace_pos_.find({r.c.pin->model, is_patch(r.c.pin->subset) ? Kind::Patches : Kind::Weights,
-                                 r.c.pin->key});
-      if (it == trace_pos_.end()) {
-        r.next_use = kNever;
-        continue;
-      }
-      auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(cursor_));
-      r.next_use = pos != it->second.end() ? *pos - cursor_ : len - cursor_ + it->second.front();
-    }
+    for (Row& r : rows)
+      r.next_use = trace_next_use_locked(
+          {r.c.pin->model, is_patch(r.c.pin->subset) ? Kind::Patches : Kind::Weights, r.c.pin->key});
     std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       if ((a.c.tier == 5) != (b.c.tier == 5)) return b.c.tier == 5;  // active streaming pins last
       if (a.next_use != b.next_use) return a.next_use > b.next_use;

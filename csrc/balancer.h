@@ -21,11 +21,18 @@
 //
 // Note [Trace policy]
 // Every acquire() appends (model, kind, key) to the current prompt's record; at
-// end_prompt() it becomes the reference. While the new prompt's accesses match
-// the reference in order (each next access found within a short window ahead of
-// the cursor), a pin's next use is its next position at or after the cursor, or,
-// when it has none, its first position plus the record's length (the workflow
-// repeats); a pin absent from the record is never used again.
+// end_prompt() it joins the last kTraceRecords prompts' records. The new prompt
+// follows each record in order (each next access found within a short window
+// ahead of that record's cursor; a patch access that is not found, as after a
+// LoRA swap, is skipped) until it departs from it. While some record is still
+// followed, a pin's next use is its nearest next position, over the followed
+// records, at or after their cursors. A pin that none of them uses again is
+// next used by the prompt that came after the active record (the most recent
+// followed one) the last time: the current prompt itself when the active record
+// is the last prompt's (a rerun), the other workflow when prompts alternate; its
+// next use is the rest of the active record plus its first position there. A pin
+// only the active record's past used comes one prompt later still; one no record
+// knows is never used again.
 //
 // Note [Balancer locking]
 // One mutex, mu_, guards the registry and the counters. Lock order: mu_ may be
@@ -36,6 +43,7 @@
 // mu_ again.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -185,11 +193,18 @@ class Balancer {
   uint64_t clock_ = 0;                              // LOCK: mu_ accesses
   bool prompt_ = false;                             // LOCK: mu_
   // Trace policy (Note [Trace policy]).
+  struct TraceRecord {
+    std::vector<TraceKey> keys;
+    std::unordered_map<TraceKey, std::vector<uint32_t>, TraceKeyHash> pos;
+    size_t cursor = 0;      // the current prompt follows it up to here
+    bool departed = false;  // the current prompt left it
+  };
+  static constexpr size_t kTraceRecords = 4;
+  uint64_t trace_next_use_locked(const TraceKey& k) const;  // LOCK: mu_
   std::vector<TraceKey> trace_now_;                 // LOCK: mu_
-  std::vector<TraceKey> trace_ref_;                 // LOCK: mu_
-  std::unordered_map<TraceKey, std::vector<uint32_t>, TraceKeyHash> trace_pos_;  // LOCK: mu_
-  size_t cursor_ = 0;                               // LOCK: mu_
-  bool departed_ = true;                            // LOCK: mu_
+  std::unordered_map<TraceKey, uint32_t, TraceKeyHash> trace_now_first_;  // LOCK: mu_
+  std::deque<TraceRecord> trace_records_;           // LOCK: mu_ the last prompts' records, most recent first
+  bool departed_ = true;                            // LOCK: mu_ every record departed
   // Global counters.
   int64_t refusals_ = 0;                            // LOCK: mu_ COUNT
   int64_t pressure_freed_ = 0;                      // LOCK: mu_ SUM bytes freed by relieve()

@@ -480,6 +480,70 @@ TEST(BalancerPolicy, TraceFallsBackToMruWhenThePromptDeparts) {
   EXPECT_TRUE(departed);
 }
 
+// Note [Trace policy]: a pin that the last prompt did not use goes before one it
+// did, even when the older record used it first (a seed change after a full run).
+TEST(BalancerPolicy, TracePredictsTheNextPromptFromTheLastOne) {
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(3, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  auto run = [&](std::vector<uint64_t> keys) {
+    f.bal.mark_prompt({m});
+    for (uint64_t k : keys) ASSERT_TRUE(f.cast(f.req(m, k)));
+    f.bal.end_prompt();
+  };
+  run({1, 2, 3, 4});  // 1: the text encoder; no record yet: mru drops 3 for 4
+  run({2, 3, 4});     // a new seed: the encoder's output is cached
+  EXPECT_FALSE(f.has(m, 1, Subset::Weights)) << "the encoder, absent from the last prompt, goes first";
+  EXPECT_TRUE(f.has(m, 2, Subset::Weights));
+  const SubsetStats before = f.bal.subset_stats(m, Subset::Weights);
+  run({2, 3, 4});
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).hits - before.hits, 3);
+}
+
+// Note [Trace policy]: with two workflows alternating, the record of the
+// workflow now running predicts its accesses, and the other one, which followed
+// it last time, predicts what comes after.
+TEST(BalancerPolicy, TraceFollowsAlternatingWorkflows) {
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(2, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  auto run = [&](std::vector<uint64_t> keys) {
+    f.bal.mark_prompt({m});
+    for (uint64_t k : keys) ASSERT_TRUE(f.cast(f.req(m, k)));
+    f.bal.end_prompt();
+  };
+  run({1, 2});  // workflow A
+  run({3, 4});  // workflow B: departs from A's record, mru
+  run({1, 2});  // A again: follows A's record; B came after it last time
+  EXPECT_TRUE(f.has(m, 4, Subset::Weights)) << "B's pin is kept for the next prompt";
+  EXPECT_FALSE(f.has(m, 1, Subset::Weights));
+  const SubsetStats before = f.bal.subset_stats(m, Subset::Weights);
+  run({3, 4});
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).hits - before.hits, 1);
+}
+
+// A LoRA swap changes the patch tensors, not the order of the weights: the
+// prompt keeps following the record.
+TEST(BalancerPolicy, TraceSkipsPatchesOfAnotherSignature) {
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(8, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  for (int64_t sig : {11, 12}) {
+    f.bal.mark_prompt({m});
+    ASSERT_TRUE(f.cast(f.req(m, 1)));
+    Request p = f.req(m, 100 + sig, Kind::Patches, false, 1 * MiB);
+    p.signature = sig;
+    ASSERT_TRUE(f.cast(p));
+    ASSERT_TRUE(f.cast(f.req(m, 2)));
+    f.bal.end_prompt();
+  }
+  for (auto& [k, v] : f.bal.stats())
+    if (k == "trace_departures") EXPECT_EQ(v, 0);
+}
+
 // Eight threads cast, evict and cross prompt boundaries over three models with
 // room for a fraction of their pins; every hit must read its own source's bytes.
 TEST(BalancerConcurrency, StressKeepsContentsAndAccounts) {
