@@ -1,0 +1,190 @@
+#include "profiling/sim/cli.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <stdexcept>
+
+#include "csrc/check.h"
+#include "profiling/sim/plot.h"
+#include "profiling/sim/report.h"
+
+namespace pins::sim {
+
+namespace {
+
+const char* kUsage =
+    "usage: pins-sim --trace FILE [options]\n"
+    "Replays a workflow trace through the pin policies over a modelled machine (docs/SIMULATOR.md).\n"
+    "  --trace FILE            the trace (JSON; profiling/traces/ holds the bundled ones)\n"
+    "  --sequence NAME|all     which of the trace's sequences (default: its first)\n"
+    "  --policy LIST|all       lru, mru, trace, oracle, comma-separated (default: all)\n"
+    "  --runs N                runs to replay (default: the sequence's \"runs\")\n"
+    "  --json                  print one JSON object instead of the table\n"
+    "  --markdown              print the docs/SIMULATOR.md summary rows (--markdown-header: the header too)\n"
+    "  --csv FILE              write one CSV row per sequence, policy and run\n"
+    "  --png FILE              write a bar chart of disk bytes per run\n"
+    "  --dump-accesses FILE    write the expanded accesses, one JSON line each\n"
+    "  --params FILE           model parameter list for \"params\" layers (default: profiling/data/model_params.csv)\n"
+    "  --machine FIELD=VALUE   override a machine field, e.g. other_ram=6GiB (repeatable)\n"
+    "  --conf TEXT             balancer configuration in PINS_CONF syntax, e.g. fast_disk:true\n"
+    "  --no-relieve            no RAM-pressure check at node boundaries\n"
+    "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n";
+
+struct Options {
+  std::string trace, sequence, params, csv, png, dump, conf;
+  std::vector<std::string> policies, machine;
+  int runs = 0;
+  bool json = false, markdown = false, markdown_header = false;
+  ReplayOptions replay;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t p = s.find(sep, start);
+    out.push_back(s.substr(start, p - start));
+    if (p == std::string::npos) break;
+    start = p + 1;
+  }
+  return out;
+}
+
+Options parse_args(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--trace") o.trace = value();
+    else if (a == "--sequence") o.sequence = value();
+    else if (a == "--policy") {
+      const std::string v = value();
+      o.policies = v == "all" ? std::vector<std::string>{"lru", "mru", "trace", "oracle"} : split(v, ',');
+      for (const std::string& p : o.policies)
+        if (p != "lru" && p != "mru" && p != "trace" && p != "oracle")
+          throw std::invalid_argument("--policy: expected lru, mru, trace, oracle or all, got \"" + p + "\"");
+    } else if (a == "--runs") {
+      const std::string v = value();
+      try {
+        size_t used = 0;
+        o.runs = std::stoi(v, &used);
+        if (used != v.size() || o.runs < 1) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        throw std::invalid_argument("--runs: expected a positive integer, got \"" + v + "\"");
+      }
+    } else if (a == "--json") o.json = true;
+    else if (a == "--markdown") o.markdown = true;
+    else if (a == "--markdown-header") o.markdown = o.markdown_header = true;
+    else if (a == "--csv") o.csv = value();
+    else if (a == "--png") o.png = value();
+    else if (a == "--dump-accesses") o.dump = value();
+    else if (a == "--params") o.params = value();
+    else if (a == "--machine") o.machine.push_back(value());
+    else if (a == "--conf") o.replay.conf = value();
+    else if (a == "--no-relieve") o.replay.relieve = false;
+    else if (a == "--mark") {
+      const std::string v = value();
+      if (v == "upfront") o.replay.mark_upfront = true;
+      else if (v == "on-use") o.replay.mark_upfront = false;
+      else throw std::invalid_argument("--mark: expected upfront or on-use, got \"" + v + "\"");
+    } else if (a == "-h" || a == "--help") throw std::invalid_argument("");
+    else throw std::invalid_argument("unknown argument \"" + a + "\"");
+  }
+  if (o.trace.empty()) throw std::invalid_argument("--trace FILE is required");
+  if (o.policies.empty()) o.policies = {"lru", "mru", "trace", "oracle"};
+  if (o.json && o.markdown) throw std::invalid_argument("--json and --markdown are exclusive");
+  return o;
+}
+
+std::ofstream open_out(const std::string& path, const char* what) {
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error(std::string(what) + ": cannot write " + path);
+  return f;
+}
+
+}  // namespace
+
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  Options o;
+  try {
+    o = parse_args(args);
+  } catch (const std::invalid_argument& e) {
+    if (*e.what()) err << "pins-sim: " << e.what() << "\n";
+    err << kUsage;
+    return 2;
+  }
+  try {
+    Trace t = load_trace(o.trace, o.params);
+    for (const std::string& m : o.machine) set_machine_field(t.machine, m);
+    std::vector<const Sequence*> seqs;
+    if (o.sequence == "all") {
+      for (const Sequence& s : t.sequences) seqs.push_back(&s);
+    } else {
+      seqs.push_back(o.sequence.empty() ? &t.sequences.front() : &t.sequence(o.sequence));
+    }
+    std::vector<SequenceResult> results;
+    for (const Sequence* s : seqs) {
+      SequenceResult r;
+      r.sequence = s;
+      r.expansion = expand(t, *s, o.runs > 0 ? o.runs : s->runs);
+      r.tolerance = steady_tolerance(r.expansion);
+      for (const std::string& p : o.policies) r.policies.push_back(replay(t, *s, r.expansion, p, o.replay));
+      results.push_back(std::move(r));
+    }
+    if (!o.dump.empty()) {
+      std::ofstream f = open_out(o.dump, "--dump-accesses");
+      for (const SequenceResult& r : results) dump_accesses(f, t, r);
+    }
+    if (!o.csv.empty()) {
+      std::ofstream f = open_out(o.csv, "--csv");
+      write_csv_header(f);
+      for (const SequenceResult& r : results) write_csv(f, t, r);
+    }
+    if (!o.png.empty()) plot_png(o.png, t, results);
+    if (o.json) {
+      nlohmann::ordered_json j;
+      if (results.size() == 1) {
+        j = to_json(t, results.front());
+      } else {
+        j["trace"] = t.name;
+        j["file"] = t.path;
+        j["sequences"] = nlohmann::ordered_json::array();
+        j["runs"] = nlohmann::ordered_json::array();
+        for (const SequenceResult& r : results) {
+          nlohmann::ordered_json one = to_json(t, r);
+          for (auto& run : one["runs"]) j["runs"].push_back(run);
+          one.erase("runs");
+          j["sequences"].push_back(one);
+        }
+      }
+      out << j.dump(2) << "\n";
+    } else if (o.markdown) {
+      if (o.markdown_header) write_markdown_header(out);
+      for (const SequenceResult& r : results) write_markdown_row(out, t, r);
+    } else {
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (i) out << "\n" << std::string(100, '-') << "\n\n";
+        print_table(out, t, results[i]);
+      }
+    }
+    return 0;
+  } catch (const TraceError& e) {
+    err << "pins-sim: " << e.what() << "\n";
+    return 2;
+  } catch (const ValueError& e) {
+    err << "pins-sim: --conf: " << e.what() << "\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    err << "pins-sim: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    err << "pins-sim: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace pins::sim

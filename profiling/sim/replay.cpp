@@ -1,0 +1,326 @@
+#include "profiling/sim/replay.h"
+
+#include <algorithm>
+#include <limits>
+#include <list>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+
+#include "allocator/backend.h"
+#include "allocator/pool.h"
+#include "csrc/balancer.h"
+#include "csrc/sysmem.h"
+
+namespace pins::sim {
+
+namespace {
+
+uint64_t sub_sat(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+// Note [Simulator memory model]: RAM as the balancer sees it.
+class ModelledProbe final : public MemoryProbe {
+ public:
+  ModelledProbe(HostPool& pool, const Machine& m) : pool_(pool), m_(m) {}
+  MemoryInfo read() override {
+    MemoryInfo i;
+    i.total = m_.ram;
+    i.available = sub_sat(m_.ram, app + committed());
+    i.swap_total = m_.swap;
+    i.swap_free = m_.swap;
+    return i;
+  }
+  uint64_t committed() const { return static_cast<uint64_t>(pool_.stats().committed_bytes.current); }
+  uint64_t app = 0;  // other_ram + the prompt's LoRA bytes
+
+ private:
+  HostPool& pool_;
+  const Machine& m_;
+};
+
+// The OS page cache: LRU over whole weights.
+class PageCache {
+ public:
+  bool touch(uint64_t key) {
+    auto it = index_.find(key);
+    if (it == index_.end()) return false;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return true;
+  }
+  void insert(uint64_t key, uint64_t bytes, uint64_t capacity) {
+    if (bytes > capacity || index_.count(key)) return;
+    lru_.push_front({key, bytes});
+    index_[key] = lru_.begin();
+    used_ += bytes;
+    shrink(capacity);
+  }
+  void shrink(uint64_t capacity) {
+    while (used_ > capacity && !lru_.empty()) {
+      used_ -= lru_.back().second;
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+  }
+
+ private:
+  std::list<std::pair<uint64_t, uint64_t>> lru_;  // most recent first
+  std::unordered_map<uint64_t, std::list<std::pair<uint64_t, uint64_t>>::iterator> index_;
+  uint64_t used_ = 0;
+};
+
+int64_t stat(const std::vector<std::pair<std::string, int64_t>>& stats, const char* key) {
+  for (const auto& [k, v] : stats)
+    if (k == key) return v;
+  return 0;
+}
+
+uint64_t lora_bytes(const Trace& t, const Prompt& p) {
+  std::set<int> used;
+  for (const Step& s : p.steps) used.insert(s.loras.begin(), s.loras.end());
+  uint64_t b = 0;
+  for (int l : used) b += t.loras[l].bytes;
+  return b;
+}
+
+PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind, const ReplayOptions& o) {
+  const Machine& mach = t.machine;
+  Config base;
+  base.policy = kind;
+  base.headroom = mach.headroom;
+  const Config c = parse_config(o.conf, base);
+  PoolOptions po;
+  po.segment_size = c.segment_size;
+  po.extent_min = c.extent_min;
+  po.alignment = c.alignment;
+  po.cap = c.cap;
+  po.retain_free = 0;
+  HostPool pool(make_null_backend(), po);
+  ModelledProbe probe(pool, mach);
+  Balancer bal(c, pool, probe);
+  std::vector<ModelId> ids;
+  for (const Model& m : t.models) ids.push_back(bal.register_model(m.name, "cuda:0"));
+  PageCache cache;
+  const auto cache_capacity = [&] { return sub_sat(mach.ram, probe.app + probe.committed()); };
+
+  PolicyResult out;
+  out.policy = to_string(kind);
+  for (const RunPlan& plan : e.runs) {
+    RunResult rr;
+    rr.run = plan.run;
+    rr.prompt = plan.prompt;
+    probe.app = mach.other_ram + lora_bytes(t, t.prompts[plan.prompt]);
+    cache.shrink(cache_capacity());
+    const int64_t evicted_before = stat(bal.stats(), "evicted_bytes");
+    if (o.mark_upfront) {
+      std::vector<ModelId> marks;
+      for (int m : plan.models) marks.push_back(ids[m]);
+      bal.mark_prompt(marks);
+    }
+    // The bytes of a weight no pin holds: from the page cache or the disk.
+    const auto read_source = [&](const Access& a) {
+      if (a.kind != Kind::Weights) return;  // a LoRA factor: process RAM
+      if (cache.touch(a.storage)) {
+        rr.page_cache_hit_bytes += a.bytes;
+        return;
+      }
+      rr.disk_bytes += a.bytes;
+      rr.disk_s += static_cast<double>(a.bytes) / mach.disk_read_bw;
+      cache.insert(a.storage, a.bytes, cache_capacity());
+    };
+    const auto to_device = [&](uint64_t bytes, bool locked) {
+      rr.h2d_bytes += bytes;
+      rr.h2d_s += static_cast<double>(bytes) / mach.h2d_bw;
+      if (!locked) {
+        rr.pageable_h2d_bytes += bytes;
+        rr.copy_s += static_cast<double>(bytes) / mach.ram_copy_bw;
+      }
+    };
+    for (const StepPlan& sp : plan.steps) {
+      const ModelId id = ids[sp.model];
+      if (!o.mark_upfront) bal.mark_prompt({id});
+      // ops/models: set_active is a node boundary (relieve); so is end_prompt.
+      bal.set_active(id, true);
+      if (o.relieve) bal.relieve();
+      for (size_t i = sp.begin; i < sp.end; ++i) {
+        const Access& a = e.accesses[i];
+        Request r;
+        r.model = id;
+        r.key = PinKey{a.storage, 0, a.bytes};
+        r.bytes = a.bytes;
+        r.kind = a.kind;
+        r.resident = a.resident;
+        r.signature = a.signature;
+        // lru is the application before the seed: it pinned streamed weights
+        // only and copied device-resident ones straight from the page cache.
+        Lease l = kind == PolicyKind::Lru && a.resident ? Lease() : bal.acquire(r);
+        if (l && l.hit()) {
+          rr.pin_hits++;
+          rr.pin_hit_bytes += a.bytes;
+          to_device(a.bytes, pool.is_locked(l.data()));
+        } else if (l) {
+          rr.pin_misses++;
+          rr.pin_fills++;
+          cache.shrink(cache_capacity());
+          read_source(a);
+          rr.copy_s += static_cast<double>(a.bytes) / mach.ram_copy_bw;  // source -> pin
+          to_device(a.bytes, pool.is_locked(l.data()));
+          l.filled();
+        } else {
+          rr.pin_misses++;
+          if (!(kind == PolicyKind::Lru && a.resident)) rr.refusals++;
+          read_source(a);
+          to_device(a.bytes, false);
+        }
+      }
+      bal.set_active(id, false);
+      if (o.relieve) bal.relieve();
+    }
+    bal.end_prompt();
+    if (o.relieve) bal.relieve();
+    const auto stats = bal.stats();
+    rr.evicted_bytes = static_cast<uint64_t>(stat(stats, "evicted_bytes") - evicted_before);
+    rr.pinned_bytes = static_cast<uint64_t>(stat(stats, "pinned_bytes"));
+    out.runs.push_back(rr);
+  }
+  return out;
+}
+
+}  // namespace
+
+PolicyResult replay_oracle(const Trace& t, const Expansion& e) {
+  const Machine& mach = t.machine;
+  constexpr size_t kNever = std::numeric_limits<size_t>::max();
+  const size_t n = e.accesses.size();
+  std::vector<size_t> next(n, kNever);
+  {
+    std::unordered_map<uint64_t, size_t> later;
+    for (size_t i = n; i-- > 0;) {
+      const Access& a = e.accesses[i];
+      if (a.kind != Kind::Weights) continue;
+      auto it = later.find(a.storage);
+      if (it != later.end()) next[i] = it->second;
+      later[a.storage] = i;
+    }
+  }
+  struct Entry {
+    uint64_t bytes;
+    size_t next;
+  };
+  std::unordered_map<uint64_t, Entry> cached;
+  // Farthest next use first; never-again ties larger first.
+  using Order = std::tuple<size_t, uint64_t, uint64_t>;  // next, bytes, storage
+  std::set<Order, std::greater<Order>> order;
+  uint64_t used = 0;
+  const auto evict = [&](std::set<Order, std::greater<Order>>::iterator it) {
+    const uint64_t key = std::get<2>(*it);
+    used -= std::get<1>(*it);
+    cached.erase(key);
+    return order.erase(it);
+  };
+
+  PolicyResult out;
+  out.policy = "oracle";
+  for (const RunPlan& plan : e.runs) {
+    RunResult rr;
+    rr.run = plan.run;
+    rr.prompt = plan.prompt;
+    const uint64_t cap = plan.bound.pin_capacity;
+    uint64_t evicted = 0;
+    while (used > cap) {
+      evicted += std::get<1>(*order.begin());
+      evict(order.begin());
+    }
+    for (const StepPlan& sp : plan.steps) {
+      for (size_t i = sp.begin; i < sp.end; ++i) {
+        const Access& a = e.accesses[i];
+        const double b = static_cast<double>(a.bytes);
+        rr.h2d_bytes += a.bytes;
+        rr.h2d_s += b / mach.h2d_bw;
+        if (a.kind != Kind::Weights) {  // a LoRA factor: a pageable copy from RAM
+          rr.pin_misses++;
+          rr.refusals++;
+          rr.pageable_h2d_bytes += a.bytes;
+          rr.copy_s += b / mach.ram_copy_bw;
+          continue;
+        }
+        auto hit = cached.find(a.storage);
+        if (hit != cached.end()) {
+          rr.pin_hits++;
+          rr.pin_hit_bytes += a.bytes;
+          order.erase({hit->second.next, hit->second.bytes, a.storage});
+          hit->second.next = next[i];
+          order.insert({next[i], a.bytes, a.storage});
+          continue;
+        }
+        rr.pin_misses++;
+        rr.disk_bytes += a.bytes;
+        rr.disk_s += b / mach.disk_read_bw;
+        rr.copy_s += b / mach.ram_copy_bw;  // into the pin, or the pageable staging copy
+        bool keep = a.bytes <= cap && next[i] != kNever;
+        if (keep) {
+          uint64_t room = cap - used;
+          auto it = order.begin();
+          size_t nearest_victim = kNever;
+          while (room < a.bytes && it != order.end()) {
+            room += std::get<1>(*it);
+            nearest_victim = std::get<0>(*it);
+            ++it;
+          }
+          keep = room >= a.bytes && (nearest_victim == kNever || nearest_victim > next[i]);
+        }
+        if (!keep) {
+          rr.refusals++;
+          rr.pageable_h2d_bytes += a.bytes;
+          continue;
+        }
+        rr.pin_fills++;
+        while (cap - used < a.bytes) {
+          evicted += std::get<1>(*order.begin());
+          evict(order.begin());
+        }
+        cached[a.storage] = {a.bytes, next[i]};
+        order.insert({next[i], a.bytes, a.storage});
+        used += a.bytes;
+      }
+    }
+    rr.evicted_bytes = evicted;
+    rr.pinned_bytes = used;
+    out.runs.push_back(rr);
+  }
+  return out;
+}
+
+PolicyResult replay(const Trace& t, const Sequence& seq, const Expansion& e, const std::string& policy,
+                    const ReplayOptions& o) {
+  PolicyResult r;
+  if (policy == "oracle") r = replay_oracle(t, e);
+  else if (policy == "mru") r = replay_balancer(t, e, PolicyKind::Mru, o);
+  else if (policy == "lru") r = replay_balancer(t, e, PolicyKind::Lru, o);
+  else if (policy == "trace") r = replay_balancer(t, e, PolicyKind::Trace, o);
+  else throw std::invalid_argument("--policy: expected lru, mru, trace or oracle, got \"" + policy + "\"");
+  r.steady_run = steady_run(seq, r.runs, steady_tolerance(e));
+  return r;
+}
+
+uint64_t steady_tolerance(const Expansion& e) {
+  uint64_t w = 0;
+  for (const RunPlan& p : e.runs) w = std::max(w, p.bound.used);
+  return std::max<uint64_t>(w / 100, 1);
+}
+
+int steady_run(const Sequence& seq, const std::vector<RunResult>& runs, uint64_t tol) {
+  const int p = seq.period();
+  const int n = static_cast<int>(runs.size());
+  for (int r = 0; r + p < n; ++r) {
+    bool ok = true;
+    for (int s = r; s + p < n && ok; ++s) {
+      const uint64_t a = runs[s].disk_bytes, b = runs[s + p].disk_bytes;
+      ok = (a > b ? a - b : b - a) <= tol;
+    }
+    if (ok) return r;
+  }
+  return -1;
+}
+
+}  // namespace pins::sim

@@ -1,0 +1,213 @@
+// The pins-sim command line: the JSON contract of issue 5, the access dump,
+// errors that name the field, and a smoke run of the bundled traces.
+#include "profiling/sim/cli.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace pins::sim {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Result {
+  int rc;
+  std::string out, err;
+};
+
+Result cli(std::vector<std::string> args) {
+  std::ostringstream out, err;
+  const int rc = run_cli(args, out, err);
+  return {rc, out.str(), err.str()};
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("pins_sim_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string write(const std::string& name, const std::string& text) const {
+    const fs::path p = path_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+// Two models on a machine whose pins hold half of them: W = 6 GiB, P = 9 - 2
+// other - 4 headroom = 3 GiB.
+const char* kTrace = R"({
+  "name": "contract",
+  "machine": {"ram": "9GiB", "vram": "5GiB", "disk_read_bw": "1GB/s", "ram_copy_bw": "10GB/s",
+              "h2d_bw": "20GB/s", "headroom": "4GiB", "other_ram": "2GiB", "vram_reserve": "0.5GiB"},
+  "models": [
+    {"name": "enc", "bytes": "2GiB", "layer_count": 4},
+    {"name": "net", "bytes": "4GiB", "layer_count": 8}
+  ],
+  "prompts": [{"name": "p", "steps": [{"model": "enc"}, {"model": "net", "steps": 3}]}],
+  "sequences": [{"name": "rerun", "prompts": ["p"]}, {"name": "twice", "prompts": ["p", "p"]}]
+})";
+
+constexpr uint64_t G = 1ull << 30;
+
+TEST(SimCli, JsonCarriesRunsWithDiskAndLowerBound) {
+  TempDir d;
+  const std::string trace = d.write("t.json", kTrace);
+  for (const char* policy : {"lru", "mru", "trace", "oracle"}) {
+    const Result r = cli({"--trace", trace, "--policy", policy, "--runs", "4", "--json"});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const json j = json::parse(r.out);  // exactly one JSON object
+    ASSERT_TRUE(j.is_object());
+    ASSERT_TRUE(j.at("runs").is_array());
+    ASSERT_EQ(j["runs"].size(), 4u) << policy;
+    for (const json& run : j["runs"]) {
+      EXPECT_EQ(run.at("policy"), policy);
+      EXPECT_TRUE(run.at("disk_bytes").is_number_unsigned());
+      EXPECT_TRUE(run.at("lower_bound_bytes").is_number_unsigned());
+      if (std::string(policy) == "oracle")
+        EXPECT_GE(run["disk_bytes"].get<uint64_t>(), run["lower_bound_bytes"].get<uint64_t>()) << "run " << run["run"];
+      for (const char* k : {"pin_hits", "pin_misses", "time_s", "used_bytes", "cache_bytes"}) EXPECT_TRUE(run.contains(k)) << k;
+    }
+    EXPECT_EQ(j["runs"][0]["disk_bytes"], 6 * G) << "the first run reads everything";
+    // Run 2: loading enc pushes half of net (four of its layers) off the device
+    // and the rest stays: C = 3 + 2 kept, W - C = 6 - 5.
+    EXPECT_EQ(j["runs"][1]["used_bytes"], 6 * G);
+    EXPECT_EQ(j["runs"][1]["vram_kept_bytes"], 2 * G);
+    EXPECT_EQ(j["runs"][1]["cache_bytes"], 5 * G);
+    EXPECT_EQ(j["runs"][1]["lower_bound_bytes"], 1 * G);
+    EXPECT_TRUE(j.at("policies").at(0).contains("steady_run"));
+  }
+}
+
+TEST(SimCli, AllPoliciesAndSequencesShareOneRunsList) {
+  TempDir d;
+  const Result r = cli({"--trace", d.write("t.json", kTrace), "--sequence", "all", "--runs", "3", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j.at("runs").size(), 2u * 4u * 3u);  // sequences x policies x runs
+  EXPECT_EQ(j.at("sequences").size(), 2u);
+}
+
+TEST(SimCli, DumpWritesOneJsonLinePerAccess) {
+  TempDir d;
+  const std::string dump = d.file("acc.jsonl");
+  const Result r = cli({"--trace", d.write("t.json", kTrace), "--policy", "mru", "--runs", "2", "--dump-accesses", dump});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::ifstream f(dump);
+  std::string line;
+  int n = 0;
+  std::set<int> runs;
+  while (std::getline(f, line)) {
+    const json a = json::parse(line);
+    for (const char* k : {"run", "model", "key", "bytes", "subset"}) ASSERT_TRUE(a.contains(k)) << k << " in " << line;
+    runs.insert(a["run"].get<int>());
+    ++n;
+  }
+  // Run 1: enc's 4 layers, then net's 8 (net's load pushed enc off the device).
+  // Run 2: enc's 4 again, and the 4 layers of net that enc's load pushed off.
+  EXPECT_EQ(n, 12 + 8);
+  EXPECT_EQ(runs, (std::set<int>{1, 2}));
+}
+
+TEST(SimCli, TableCsvAndPng) {
+  TempDir d;
+  const std::string csv = d.file("r.csv"), png = d.file("r.png");
+  const Result r = cli({"--trace", d.write("t.json", kTrace), "--runs", "3", "--csv", csv, "--png", png});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("disk GiB read per run"), std::string::npos);
+  EXPECT_NE(r.out.find("checks:"), std::string::npos);
+  std::ifstream c(csv);
+  std::string header, row;
+  std::getline(c, header);
+  EXPECT_EQ(header.rfind("trace,sequence,policy,run,prompt,disk_bytes,lower_bound_bytes", 0), 0u);
+  int rows = 0;
+  while (std::getline(c, row)) ++rows;
+  EXPECT_EQ(rows, 4 * 3);
+  std::ifstream p(png, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(p)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 100u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_EQ(bytes.substr(12, 4), "IHDR");
+  EXPECT_EQ(bytes.substr(bytes.size() - 8, 4), "IEND");
+}
+
+TEST(SimCli, InvalidTracesNameTheField) {
+  TempDir d;
+  const auto error_for = [&](const std::string& from, const std::string& to) {
+    std::string text = kTrace;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    const Result r = cli({"--trace", d.write("bad.json", text), "--json"});
+    EXPECT_EQ(r.rc, 2);
+    EXPECT_TRUE(r.out.empty());
+    return r.err;
+  };
+  EXPECT_NE(error_for(R"("vram": "5GiB", )", "").find("machine.vram: missing"), std::string::npos);
+  EXPECT_NE(error_for(R"("ram": "9GiB")", R"("ram": "lots")").find("machine.ram: expected a size"), std::string::npos);
+  EXPECT_NE(error_for(R"("disk_read_bw": "1GB/s")", R"("disk_read_bw": "1GB/h")").find("machine.disk_read_bw"),
+            std::string::npos);
+  EXPECT_NE(error_for(R"({"model": "net", "steps": 3})", R"({"model": "nett", "steps": 3})")
+                .find("prompts[0].steps[1].model: unknown model \"nett\""),
+            std::string::npos);
+  EXPECT_NE(error_for(R"("steps": 3)", R"("steps": 0)").find("prompts[0].steps[1].steps"), std::string::npos);
+  EXPECT_NE(error_for(R"("layer_count": 4)", R"("layer_count": 4, "params": "x")").find("models[0]"), std::string::npos);
+  EXPECT_NE(error_for(R"("prompts": ["p", "p"])", R"("prompts": ["p", "q"])").find("sequences[1].prompts[1]"),
+            std::string::npos);
+  EXPECT_NE(error_for(R"("headroom": "4GiB")", R"("headroom": "4GiB", "swapp": 0)").find("machine.swapp: unknown field"),
+            std::string::npos);
+  EXPECT_NE(error_for("\"name\": \"contract\",", "\"name\": \"contract\"").find("not valid JSON"), std::string::npos);
+  const Result missing = cli({"--trace", d.file("absent.json")});
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_NE(missing.err.find("cannot open"), std::string::npos);
+  const Result bad_policy = cli({"--trace", d.write("t.json", kTrace), "--policy", "fifo"});
+  EXPECT_EQ(bad_policy.rc, 2);
+  EXPECT_NE(bad_policy.err.find("--policy"), std::string::npos);
+  const Result bad_sequence = cli({"--trace", d.write("t.json", kTrace), "--sequence", "nope"});
+  EXPECT_NE(bad_sequence.err.find("no sequence \"nope\" (sequences: rerun, twice)"), std::string::npos);
+}
+
+// Every bundled trace loads; a few runs of the seed's case show the cascade and
+// mru's steady state.
+TEST(SimCli, BundledTracesSmoke) {
+  int traces = 0;
+  for (const auto& entry : fs::directory_iterator(PINS_SIM_TRACES_DIR)) {
+    if (entry.path().extension() != ".json") continue;
+    ++traces;
+    const Result r = cli({"--trace", entry.path().string(), "--sequence", "all", "--policy", "oracle", "--runs", "2",
+                          "--json", "--params", std::string(PINS_SIM_DATA_DIR) + "/model_params.csv"});
+    ASSERT_EQ(r.rc, 0) << entry.path() << ": " << r.err;
+    for (const json& run : json::parse(r.out).at("runs"))
+      EXPECT_GE(run["disk_bytes"].get<uint64_t>(), run["lower_bound_bytes"].get<uint64_t>())
+          << entry.path() << " " << run["sequence"] << " run " << run["run"] << ": the oracle beat the bound";
+  }
+  EXPECT_GE(traces, 4);
+  const Result r = cli({"--trace", std::string(PINS_SIM_TRACES_DIR) + "/wan22_a14b_32g_ram_32g_vram.json", "--policy",
+                        "lru,mru", "--runs", "4", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  const json& lru_last = j["runs"][3];
+  const json& mru_last = j["runs"][7];
+  ASSERT_EQ(lru_last["policy"], "lru");
+  EXPECT_GE(lru_last["disk_bytes"].get<double>(), 0.9 * lru_last["used_bytes"].get<double>()) << "the LRU cascade";
+  EXPECT_LT(mru_last["disk_bytes"].get<double>(), 0.75 * mru_last["used_bytes"].get<double>());
+  EXPECT_LE(j["policies"][1]["steady_run"].get<int>(), 3);
+}
+
+}  // namespace
+}  // namespace pins::sim
