@@ -11,6 +11,8 @@ build: setup
 
 demo: build
 	@build/bin/pins-bench alloc
+	@echo
+	@build/bin/pins-sim --trace profiling/traces/wan22_a14b_32g_ram_32g_vram.json --runs 4
 
 test: build
 	@bash scripts/test.sh
