@@ -100,6 +100,12 @@ struct Fixture {
       if (p.model == m && p.key.storage == id && p.subset == s) return true;
     return false;
   }
+  // One prompt of model m casting `keys` (weights) in order; every cast must get a pin.
+  void prompt(ModelId m, const std::vector<uint64_t>& keys) {
+    bal.mark_prompt({m});
+    for (uint64_t k : keys) EXPECT_TRUE(cast(req(m, k))) << "refused: key " << k;
+    bal.end_prompt();
+  }
   int count(ModelId m, Subset s) {
     int n = 0;
     for (const auto& p : bal.pins()) n += p.model == m && p.subset == s;
@@ -487,11 +493,7 @@ TEST(BalancerPolicy, TracePredictsTheNextPromptFromTheLastOne) {
   c.policy = PolicyKind::Trace;
   Fixture f(3, c);
   const ModelId m = f.bal.register_model("m", "cuda:0");
-  auto run = [&](std::vector<uint64_t> keys) {
-    f.bal.mark_prompt({m});
-    for (uint64_t k : keys) ASSERT_TRUE(f.cast(f.req(m, k)));
-    f.bal.end_prompt();
-  };
+  auto run = [&](std::vector<uint64_t> keys) { f.prompt(m, keys); };
   run({1, 2, 3, 4});  // 1: the text encoder; no record yet: mru drops 3 for 4
   run({2, 3, 4});     // a new seed: the encoder's output is cached
   EXPECT_FALSE(f.has(m, 1, Subset::Weights)) << "the encoder, absent from the last prompt, goes first";
@@ -509,11 +511,7 @@ TEST(BalancerPolicy, TraceFollowsAlternatingWorkflows) {
   c.policy = PolicyKind::Trace;
   Fixture f(2, c);
   const ModelId m = f.bal.register_model("m", "cuda:0");
-  auto run = [&](std::vector<uint64_t> keys) {
-    f.bal.mark_prompt({m});
-    for (uint64_t k : keys) ASSERT_TRUE(f.cast(f.req(m, k)));
-    f.bal.end_prompt();
-  };
+  auto run = [&](std::vector<uint64_t> keys) { f.prompt(m, keys); };
   run({1, 2});  // workflow A
   run({3, 4});  // workflow B: departs from A's record, mru
   run({1, 2});  // A again: follows A's record; B came after it last time
