@@ -508,7 +508,7 @@ std::vector<Balancer::Candidate> Balancer::order_locked(bool streaming_request, 
 
 size_t Balancer::free_along_tiers(size_t bytes, bool streaming_request, bool evict_active) {
   PINS_RANGE("pins::free");
-  size_t freed = 0;
+  size_t freed = sweep();  // pins of dead sources are free wins before any tier
   std::unordered_set<Pin*> skipped;
   while (freed < bytes) {
     std::vector<Candidate> batch;
@@ -569,7 +569,6 @@ size_t Balancer::free(size_t bytes, bool evict_active) { return free_along_tiers
 
 size_t Balancer::relieve() {
   PINS_RANGE("pins::relieve");
-  sweep();
   const MemoryInfo mi = probe_.read();
   const Config c = config();
   {

@@ -127,8 +127,8 @@ class Balancer {
   // ---- budget
   // Makes room for a new pin of `bytes`: true when it may be created.
   bool ensure_budget(size_t bytes, bool streaming);
-  // Frees at least `bytes` along tiers 1-4 (and 5 when evict_active); returns
-  // the bytes freed.
+  // Frees at least `bytes`: pins of dead sources first, then along tiers 1-4
+  // (and 5 when evict_active); returns the bytes freed.
   size_t free(size_t bytes, bool evict_active = false);
   // The RAM-pressure check: frees (headroom - available) + relieve_slack when positive.
   size_t relieve();

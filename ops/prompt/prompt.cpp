@@ -16,7 +16,8 @@ void end_prompt_kernel() {
   translate([&] {
     Balancer& b = balancer();
     b.end_prompt();
-    b.relieve();  // drops pins of sources that died, then the RAM-pressure check
+    b.sweep();    // pins of sources that died during the prompt
+    b.relieve();  // the RAM-pressure check
   });
 }
 

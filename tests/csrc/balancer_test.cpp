@@ -317,6 +317,22 @@ TEST(BalancerCastPath, StaleVersionOrDeadSourceNeverServes) {
   EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).dropped, 2);
 }
 
+TEST(BalancerEviction, DeadSourcesGoBeforeAnyTier) {
+  Fixture f(2);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  auto alive = std::make_shared<std::atomic<bool>>(true);
+  {
+    Lease l = f.bal.acquire(f.req(m, 1), [&] { return std::make_unique<FlagGuard>(alive); });
+    l.filled();
+  }
+  ASSERT_TRUE(f.cast(f.req(m, 2)));
+  *alive = false;  // pin 1's storage died; pin 2 is newer, so mru would take it first
+  ASSERT_TRUE(f.cast(f.req(m, 3)));
+  EXPECT_TRUE(f.has(m, 2, Subset::Weights));
+  EXPECT_FALSE(f.has(m, 1, Subset::Weights));
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).evictions[0], 0);
+}
+
 TEST(BalancerCastPath, UnfilledPinIsDroppedAndNeverServed) {
   Fixture f(8);
   const ModelId m = f.bal.register_model("m", "cuda:0");
