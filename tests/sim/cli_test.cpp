@@ -192,7 +192,8 @@ TEST(SimCli, BundledTracesSmoke) {
     const Result r = cli({"--trace", entry.path().string(), "--sequence", "all", "--policy", "oracle", "--runs", "2",
                           "--json", "--params", std::string(PINS_SIM_DATA_DIR) + "/model_params.csv"});
     ASSERT_EQ(r.rc, 0) << entry.path() << ": " << r.err;
-    for (const json& run : json::parse(r.out).at("runs"))
+    const json parsed = json::parse(r.out);  // named: a range-for over a temporary's member dangles
+    for (const json& run : parsed.at("runs"))
       EXPECT_GE(run["disk_bytes"].get<uint64_t>(), run["lower_bound_bytes"].get<uint64_t>())
           << entry.path() << " " << run["sequence"] << " run " << run["run"] << ": the oracle beat the bound";
   }
