@@ -1,7 +1,7 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   the main job
 #   make test   every test, ending with one summary line
-.PHONY: setup build demo test clean
+.PHONY: setup build demo test sanitize clean
 
 setup:
 	@bash scripts/setup.sh
@@ -17,5 +17,9 @@ demo: build
 test: build
 	@bash scripts/test.sh
 
+# The torch-free core's tests under ASan+UBSan and TSan.
+sanitize: setup
+	@bash scripts/sanitize.sh
+
 clean:
-	rm -rf build
+	rm -rf build build-asan build-tsan
