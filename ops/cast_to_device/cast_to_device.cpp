@@ -10,13 +10,15 @@
 // is done), and a dtype conversion, if any, runs on the copy, exactly as
 // `source.to(device).to(dtype)` would.
 //
-// Sources: a CPU, strided, non-quantized tensor. A non-contiguous source is
+// Sources: a CPU, strided, non-quantized tensor. The result never requires
+// grad: pins serves weights for inference. A non-contiguous source is
 // pinned as a contiguous copy of its elements (keyed by its layout too), and
 // the result is contiguous. A pin is tied to its source's storage through a weak
 // reference and to its version counter, so a source that died or was written
 // in place is re-pinned, never served stale. Inference tensors have no version
 // counter: they are copied directly, never pinned.
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
@@ -58,6 +60,8 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
                                  bool non_blocking, int64_t model, c10::string_view kind, bool resident,
                                  std::optional<int64_t> signature) {
   TORCH_CHECK(source.defined(), "cast_to_device: source is an undefined tensor");
+  // Weights are served for inference: no autograd graph through the pin copies.
+  at::NoGradGuard no_grad;
   TORCH_CHECK(source.layout() == c10::kStrided, "cast_to_device: source must be a dense (strided) tensor, got layout ",
               source.layout());
   TORCH_CHECK(!source.is_quantized(), "cast_to_device: source must not be quantized, got dtype ", source.scalar_type());
@@ -112,6 +116,15 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
   return dtype && *dtype != source.scalar_type() ? out.to(*dtype) : out;
 }
 
+// Not differentiable: below autograd, so the result of a source that requires
+// grad (a Parameter) is a plain tensor, not a graph node that cannot backprop.
+at::Tensor cast_to_device_autograd(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
+                                   bool non_blocking, int64_t model, c10::string_view kind, bool resident,
+                                   std::optional<int64_t> signature) {
+  at::AutoDispatchBelowADInplaceOrView below;
+  return cast_to_device(source, device, dtype, non_blocking, model, std::string(kind), resident, signature);
+}
+
 }  // namespace
 
 at::Tensor cast_to_device(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
@@ -137,4 +150,8 @@ TORCH_LIBRARY_FRAGMENT(pins, m) {
 // error. The fake kernel for tracing is in python_bindings/pins/_fake.py.
 TORCH_LIBRARY_IMPL(pins, CompositeExplicitAutograd, m) {
   m.impl("cast_to_device", &pins::ops::cast_to_device_kernel);
+}
+
+TORCH_LIBRARY_IMPL(pins, Autograd, m) {
+  m.impl("cast_to_device", &pins::ops::cast_to_device_autograd);
 }

@@ -224,3 +224,11 @@ def test_node_boundary_relieves_ram_pressure(pins, model):
     assert subset_pins(pins, model, "weights") == 0
     pins.set_active(other, False)
     pins.forget_model(other)
+
+
+def test_parameters_cast_without_an_autograd_graph(pins, model):
+    p = torch.nn.Parameter(torch.randn(32, 8))
+    out = pins.cast_to_device(p, "cpu", model=model)
+    assert torch.equal(out, p.detach())
+    assert not out.requires_grad and out.grad_fn is None
+    assert torch.equal(pins.cast_to_device(p, "cpu", model=model), p.detach())  # the hit too

@@ -5,6 +5,10 @@ import torch
 
 def test_opcheck_cast_to_device(pins, model):
     w = torch.randn(8, 8)
+    # A source that requires grad exercises the autograd registration check.
+    torch.library.opcheck(torch.ops.pins.cast_to_device.default,
+                          (torch.randn(4, 4, requires_grad=True), torch.device("cpu"), None, False, model,
+                           "weights", False, None))
     for kwargs in ({}, {"dtype": torch.float16}, {"model": model}, {"model": model, "resident": True},
                    {"model": model, "kind": "patches", "resident": True, "signature": 3}):
         args = (w, torch.device("cpu"), kwargs.get("dtype"), False, kwargs.get("model", -1),
