@@ -12,10 +12,10 @@ log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' | tee -a "$OUT/summary.txt"
-prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 gtest_arg=()
 [ -d .gpu-deps/googletest ] && gtest_arg=(-DPINS_GTEST_SOURCE="$PWD/.gpu-deps/googletest")
-cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "${gtest_arg[@]}" > "$OUT/configure.log" 2>&1 \
+mapfile -t torch_args < <(bash scripts/torch_cmake_args.sh python3)
+cmake -S . -B build-gpu -G Ninja "${torch_args[@]}" "${gtest_arg[@]}" > "$OUT/configure.log" 2>&1 \
   || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { log "build failed"; tail -40 "$OUT/build.log"; exit 1; }
 log "built"

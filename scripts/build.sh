@@ -4,7 +4,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 if [ ! -f build/build.ninja ]; then
-  prefix=$(.venv/bin/python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-  cmake -S . -B build -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
+  mapfile -t torch_args < <(bash scripts/torch_cmake_args.sh .venv/bin/python)
+  cmake -S . -B build -G Ninja "${torch_args[@]}" >/dev/null
 fi
 cmake --build build

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Prints the CMake arguments that find the torch of the Python given as $1, one
+# per line: its cmake prefix, and for a CUDA build of torch what its CUDA cmake
+# config needs besides (no GPU probing: pins compiles no device code; the
+# toolkit root, which a wrapper script for nvcc hides; nvrtc from torch's own
+# wheels when the toolkit lacks it).
+set -euo pipefail
+py=${1:?usage: torch_cmake_args.sh PYTHON}
+"$py" - <<'PY'
+import glob, os
+import torch, torch.utils
+print("-DCMAKE_PREFIX_PATH=" + torch.utils.cmake_prefix_path)
+if torch.version.cuda:
+    print("-DTORCH_CUDA_ARCH_LIST=" + os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0"))
+    if os.path.isdir("/usr/local/cuda"):
+        print("-DCUDA_TOOLKIT_ROOT_DIR=/usr/local/cuda")
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    nvrtc = sorted(glob.glob(site + "/nvidia/*/lib/libnvrtc.so*") + glob.glob(site + "/nvidia/cuda_nvrtc/lib/libnvrtc.so*"))
+    if nvrtc and not glob.glob("/usr/local/cuda/lib*/libnvrtc.so*"):
+        print("-DCUDA_nvrtc_LIBRARY=" + nvrtc[0])
+PY
