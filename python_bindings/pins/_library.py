@@ -24,8 +24,29 @@ def library_path():
     )
 
 
+def built_against(path):
+    """The torch version libpins.so at `path` was built against (from the
+    ``.torch`` file the build writes beside it), or None when unknown."""
+    try:
+        with open(path + ".torch") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _release(version):
+    return version.split("+", 1)[0]
+
+
 def load():
     path = library_path()
-    if path not in torch.ops.loaded_libraries:
-        torch.ops.load_library(path)
+    if path in torch.ops.loaded_libraries:
+        return path
+    built = built_against(path)
+    if built is not None and _release(built) != _release(torch.__version__):
+        raise ImportError(
+            f"pins: {path} was built against torch {built}, but this is torch {torch.__version__}; "
+            "rebuild it (make build) against this torch"
+        )
+    torch.ops.load_library(path)
     return path

@@ -12,3 +12,24 @@ def test_library_loads_with_torch_ops_load_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "libpins.so" in out.stdout
+
+
+def test_a_library_built_for_another_torch_is_refused_with_a_clear_error(tmp_path):
+    import shutil
+
+    lib = tmp_path / "libpins.so"
+    shutil.copy(LIB, lib)
+    (tmp_path / "libpins.so.torch").write_text("1.0.0\n")
+    code = "import pins"
+    env = dict(os.environ, PINS_LIBRARY=str(lib), PYTHONPATH=os.path.join(ROOT, "python_bindings"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode != 0
+    assert "was built against torch 1.0.0, but this is torch" in out.stderr
+    assert "rebuild it" in out.stderr
+
+
+def test_the_build_records_its_torch_version():
+    import torch
+
+    with open(LIB + ".torch") as f:
+        assert f.read().strip() == torch.__version__.split("+")[0]

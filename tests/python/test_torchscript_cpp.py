@@ -71,4 +71,4 @@ def test_package_builds_a_wheel_with_the_library(tmp_path):
     assert len(wheels) == 1
     names = zipfile.ZipFile(tmp_path / wheels[0]).namelist()
     assert "pins/__init__.py" in names and "pins/_fake.py" in names
-    assert "pins/_lib/libpins.so" in names
+    assert "pins/_lib/libpins.so" in names and "pins/_lib/libpins.so.torch" in names
