@@ -68,6 +68,7 @@ Balancer::~Balancer() {
 
 void Balancer::configure(const Config& config) {
   std::lock_guard<std::mutex> g(mu_);
+  if (config.policy != config_.policy) departed_ = true;  // the cursors did not follow this prompt
   config_ = config;
 }
 
@@ -185,7 +186,11 @@ void Balancer::end_prompt() {
       }
     }
     // Note [Trace policy]: this prompt's record becomes the reference.
-    if (!trace_now_.empty()) {
+    if (trace_overflow_) {
+      trace_overflow_ = false;
+      trace_now_ = {};
+      trace_now_first_ = {};
+    } else if (!trace_now_.empty()) {
       TraceRecord rec;
       rec.keys = std::move(trace_now_);
       for (uint32_t i = 0; i < rec.keys.size(); ++i) rec.pos[rec.keys[i]].push_back(i);
@@ -204,9 +209,18 @@ void Balancer::end_prompt() {
 }
 
 void Balancer::record_access_locked(const Request& r) {
+  // Only the trace policy reads records; a prompt longer than the limit (or a
+  // process that never ends one) keeps none, so memory stays bounded.
+  if (config_.policy != PolicyKind::Trace) return;
   const TraceKey k{r.model, r.kind, r.key};
-  trace_now_first_.emplace(k, static_cast<uint32_t>(trace_now_.size()));
-  trace_now_.push_back(k);
+  if (trace_now_.size() < kTraceLimit) {
+    trace_now_first_.emplace(k, static_cast<uint32_t>(trace_now_.size()));
+    trace_now_.push_back(k);
+  } else if (!trace_overflow_) {
+    trace_overflow_ = true;
+    trace_now_ = {};
+    trace_now_first_ = {};
+  }
   if (departed_) return;
   bool following = false;
   for (TraceRecord& rec : trace_records_) {
@@ -696,6 +710,7 @@ std::vector<std::pair<std::string, int64_t>> Balancer::stats() const {
   out.emplace_back("pressure_freed_bytes", pressure_freed_);
   out.emplace_back("relieve_calls", relieve_calls_);
   out.emplace_back("trace_departures", trace_departures_);
+  out.emplace_back("trace_records", static_cast<int64_t>(trace_records_.size()));
   out.emplace_back("prompt", prompt_);
   out.emplace_back("models", static_cast<int64_t>(models_.size()));
   out.emplace_back("committed_bytes", ps.committed_bytes.current);

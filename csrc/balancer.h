@@ -20,8 +20,10 @@
 // A pin with a lease out or a copy in flight is skipped (and counted), never freed.
 //
 // Note [Trace policy]
-// Every acquire() appends (model, kind, key) to the current prompt's record; at
-// end_prompt() it joins the last kTraceRecords prompts' records. The new prompt
+// Under the trace policy, every acquire() appends (model, kind, key) to the
+// current prompt's record (up to kTraceLimit accesses: a longer prompt keeps
+// none); at end_prompt() it joins the last kTraceRecords prompts' records. A
+// change of policy leaves the rest of the prompt to mru. The new prompt
 // follows each record in order (each next access found within a short window
 // ahead of that record's cursor; a patch access that is not found, as after a
 // LoRA swap, is skipped) until it departs from it. While some record is still
@@ -200,11 +202,13 @@ class Balancer {
     bool departed = false;  // the current prompt left it
   };
   static constexpr size_t kTraceRecords = 4;
+  static constexpr size_t kTraceLimit = size_t{1} << 20;  // accesses kept per prompt record
   uint64_t trace_next_use_locked(const TraceKey& k) const;  // LOCK: mu_
   std::vector<TraceKey> trace_now_;                 // LOCK: mu_
   std::unordered_map<TraceKey, uint32_t, TraceKeyHash> trace_now_first_;  // LOCK: mu_
   std::deque<TraceRecord> trace_records_;           // LOCK: mu_ the last prompts' records, most recent first
   bool departed_ = true;                            // LOCK: mu_ every record departed
+  bool trace_overflow_ = false;                     // LOCK: mu_ this prompt passed kTraceLimit
   // Global counters.
   int64_t refusals_ = 0;                            // LOCK: mu_ COUNT
   int64_t pressure_freed_ = 0;                      // LOCK: mu_ SUM bytes freed by relieve()

@@ -558,6 +558,35 @@ TEST(BalancerPolicy, TraceSkipsPatchesOfAnotherSignature) {
     if (k == "trace_departures") EXPECT_EQ(v, 0);
 }
 
+int64_t stat_of(const Balancer& b, const std::string& key) {
+  for (const auto& [k, v] : b.stats())
+    if (k == key) return v;
+  ADD_FAILURE() << "no stat " << key;
+  return -1;
+}
+
+// Records stay bounded: other policies keep none, and a prompt past the limit
+// (or a process that never ends one) keeps none either.
+TEST(BalancerPolicy, TraceRecordsAreBounded) {
+  Fixture mru(8);
+  const ModelId a = mru.bal.register_model("a", "cuda:0");
+  mru.prompt(a, {1, 2, 3});
+  EXPECT_EQ(stat_of(mru.bal, "trace_records"), 0) << "mru needs no record";
+
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(8, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  f.prompt(m, {1, 2, 3});
+  EXPECT_EQ(stat_of(f.bal, "trace_records"), 1);
+  f.bal.mark_prompt({m});
+  for (size_t i = 0; i < (size_t{1} << 20) + 10; ++i) ASSERT_TRUE(f.cast(f.req(m, 1 + i % 3)));
+  f.bal.end_prompt();
+  EXPECT_EQ(stat_of(f.bal, "trace_records"), 1) << "a prompt past the limit left a record";
+  f.prompt(m, {1, 2, 3});
+  EXPECT_EQ(stat_of(f.bal, "trace_records"), 2) << "recording resumes after the boundary";
+}
+
 // Eight threads cast, evict and cross prompt boundaries over three models with
 // room for a fraction of their pins; every hit must read its own source's bytes.
 TEST(BalancerConcurrency, StressKeepsContentsAndAccounts) {
