@@ -291,6 +291,8 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
   PINS_CHECK_VALUE(r.bytes > 0, "acquire: source bytes must be positive, got ", r.bytes);
   std::vector<void*> stale;
   Subset target;
+  Lease found;  // a hit, or none with `served` for a pin busy elsewhere
+  bool served = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     Model& m = model_locked(r.model, "cast_to_device");
@@ -308,25 +310,26 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
         st.hit_bytes += static_cast<int64_t>(p->bytes);
         p->users++;
         p->last_use = clock_;
-        Lease l;
-        l.owner_ = this;
-        l.pin_ = p;
-        l.hit_ = true;
-        return l;  // `stale` is empty: a pin was found on the first live lookup or after drops
+        found.owner_ = this;
+        found.pin_ = p;
+        found.hit_ = true;
+      } else {
+        // Still being filled or evicted by another thread: serve from the source.
+        busy_misses_++;
+        st.misses++;
+        st.miss_bytes += static_cast<int64_t>(r.bytes);
       }
-      // Still being filled or evicted by another thread: serve from the source.
-      busy_misses_++;
+      served = true;
+    } else {
+      const bool cache_allowed = !config_.fast_disk && config_.policy != PolicyKind::Lru;
+      target = (r.resident && cache_allowed && (r.kind == Kind::Weights || r.signature.has_value())) ? cs : ss;
+      SubsetStats& st = m.stats[static_cast<int>(target)];
       st.misses++;
       st.miss_bytes += static_cast<int64_t>(r.bytes);
-      return {};  // `stale` is empty here too
     }
-    const bool cache_allowed = !config_.fast_disk && config_.policy != PolicyKind::Lru;
-    target = (r.resident && cache_allowed && (r.kind == Kind::Weights || r.signature.has_value())) ? cs : ss;
-    SubsetStats& st = m.stats[static_cast<int>(target)];
-    st.misses++;
-    st.miss_bytes += static_cast<int64_t>(r.bytes);
   }
-  free_blocks(stale, false);
+  free_blocks(stale, false);  // stale pins dropped by either lookup
+  if (served) return found;
 
   if (!ensure_budget(r.bytes, is_streaming(target))) {
     std::lock_guard<std::mutex> g(mu_);
