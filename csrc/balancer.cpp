@@ -63,7 +63,7 @@ Balancer::~Balancer() {
     models_.clear();
     orphans_.clear();
   }
-  free_blocks(blocks, false);
+  free_blocks(blocks);
 }
 
 void Balancer::configure(const Config& config) {
@@ -125,10 +125,35 @@ void Balancer::unlink_locked(Pin* p, std::vector<void*>& to_free) {
   }
 }
 
-void Balancer::free_blocks(const std::vector<void*>& blocks, bool trim) {
+void Balancer::free_blocks(const std::vector<void*>& blocks) {
   for (void* b : blocks)
     if (b != nullptr) pool_.free(b);
-  if (trim) pool_.trim(0);
+}
+
+SubsetStats& Balancer::stats_locked(const Pin& p) { return models_.at(p.model)->stats[static_cast<int>(p.subset)]; }
+
+void Balancer::reap_orphan_locked(Pin* p, std::vector<void*>& to_free) {
+  to_free.push_back(p->block);
+  orphans_.erase(p);  // destroys p
+}
+
+void Balancer::refused_locked(ModelId model) {
+  refusals_++;
+  if (auto it = models_.find(model); it != models_.end()) it->second->refusals++;
+}
+
+size_t Balancer::drop_if_locked(Model& m, Subset s, const std::function<bool(const Pin&)>& pred,
+                                std::vector<void*>& to_free) {
+  std::vector<Pin*> doomed;  // collected first: unlinking erases from the map being walked
+  for (auto& [key, p] : m.pins[static_cast<int>(s)])
+    if (pred(*p)) doomed.push_back(p.get());
+  size_t bytes = 0;
+  for (Pin* p : doomed) {
+    m.stats[static_cast<int>(s)].dropped++;
+    bytes += p->bytes;
+    unlink_locked(p, to_free);
+  }
+  return bytes;
 }
 
 void Balancer::forget_model(ModelId model) {
@@ -136,17 +161,10 @@ void Balancer::forget_model(ModelId model) {
   {
     std::lock_guard<std::mutex> g(mu_);
     Model& m = model_locked(model, "forget_model");
-    for (int s = 0; s < kSubsets; ++s) {
-      std::vector<Pin*> all;
-      for (auto& [key, p] : m.pins[s]) all.push_back(p.get());
-      for (Pin* p : all) {
-        m.stats[s].dropped++;
-        unlink_locked(p, blocks);
-      }
-    }
+    for (int s = 0; s < kSubsets; ++s) drop_if_locked(m, static_cast<Subset>(s), [](const Pin&) { return true; }, blocks);
     models_.erase(model);
   }
-  free_blocks(blocks, false);
+  free_blocks(blocks);
 }
 
 void Balancer::set_active(ModelId model, bool active) {
@@ -176,14 +194,7 @@ void Balancer::end_prompt() {
     prompt_ = false;
     for (auto& [id, m] : models_) {
       m->in_prompt = false;
-      const int s = static_cast<int>(Subset::Patches);
-      std::vector<Pin*> all;
-      for (auto& [key, p] : m->pins[s])
-        if (p->state != PinState::Evicting) all.push_back(p.get());
-      for (Pin* p : all) {
-        m->stats[s].dropped++;
-        unlink_locked(p, blocks);
-      }
+      drop_if_locked(*m, Subset::Patches, [](const Pin& p) { return p.state != PinState::Evicting; }, blocks);
     }
     // Note [Trace policy]: this prompt's record becomes the reference.
     if (trace_overflow_) {
@@ -205,7 +216,7 @@ void Balancer::end_prompt() {
     }
     departed_ = trace_records_.empty();
   }
-  free_blocks(blocks, false);
+  free_blocks(blocks);
 }
 
 void Balancer::record_access_locked(const Request& r) {
@@ -328,21 +339,20 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
       st.miss_bytes += static_cast<int64_t>(r.bytes);
     }
   }
-  free_blocks(stale, false);  // stale pins dropped by either lookup
+  free_blocks(stale);  // stale pins dropped by either lookup
   if (served) return found;
 
-  if (!ensure_budget(r.bytes, is_streaming(target))) {
-    std::lock_guard<std::mutex> g(mu_);
-    refusals_++;
-    if (auto it = models_.find(r.model); it != models_.end()) it->second->refusals++;
-    return {};
+  // One read of system memory serves both checks: freeing changes what is
+  // available, not the total and swap the ceiling depends on.
+  const MemoryInfo mi = probe_.read();
+  void* block = nullptr;
+  if (ensure_budget(r.bytes, is_streaming(target), mi)) {
+    const bool lock = !pool_.backend().can_lock() || ensure_lock_room(r.bytes, mi);
+    block = pool_.try_allocate(r.bytes, lock);
   }
-  const bool lock = !pool_.backend().can_lock() || ensure_lock_room(r.bytes);
-  void* block = pool_.try_allocate(r.bytes, lock);
   if (block == nullptr) {
     std::lock_guard<std::mutex> g(mu_);
-    refusals_++;
-    if (auto it = models_.find(r.model); it != models_.end()) it->second->refusals++;
+    refused_locked(r.model);
     return {};
   }
   std::unique_ptr<SourceGuard> guard = make_guard ? make_guard() : nullptr;
@@ -396,24 +406,22 @@ void Balancer::release(Pin* p) {
     std::lock_guard<std::mutex> g(mu_);
     p->users--;
     if (p->orphaned) {
-      if (p->users == 0) {
-        blocks.push_back(p->block);
-        orphans_.erase(p);
-      }
+      if (p->users == 0) reap_orphan_locked(p, blocks);
     } else if (p->state == PinState::Filling && p->users == 0) {
       // Dropped before filled(): the pin holds garbage.
-      models_.at(p->model)->stats[static_cast<int>(p->subset)].dropped++;
+      stats_locked(*p).dropped++;
       unlink_locked(p, blocks);
     }
   }
-  free_blocks(blocks, false);
+  free_blocks(blocks);
 }
 
 // ------------------------------------------------------------------ budget
 
-bool Balancer::ensure_budget(size_t bytes, bool streaming) {
+bool Balancer::ensure_budget(size_t bytes, bool streaming) { return ensure_budget(bytes, streaming, probe_.read()); }
+
+bool Balancer::ensure_budget(size_t bytes, bool streaming, const MemoryInfo& mi) {
   PINS_RANGE("pins::ensure_budget");
-  const MemoryInfo mi = probe_.read();
   const Config c = config();
   const uint64_t reserve = std::max(c.headroom / 2, c.pin_reserve);
   const uint64_t need = bytes + reserve;
@@ -423,10 +431,10 @@ bool Balancer::ensure_budget(size_t bytes, bool streaming) {
   return freed >= shortfall;
 }
 
-bool Balancer::ensure_lock_room(size_t bytes) {
+bool Balancer::ensure_lock_room(size_t bytes, const MemoryInfo& mi) {
   PINS_RANGE("pins::ensure_lock_room");
   const Config c = config();
-  const uint64_t ceiling = pin_ceiling(probe_.read(), c);
+  const uint64_t ceiling = pin_ceiling(mi, c);
   const auto locked = [&] { return static_cast<uint64_t>(pool_.stats().locked_bytes.current); };
   if (locked() + bytes <= ceiling) return true;
   // Note [Pin eviction tiers]: drop page-locks (keeping the memory) in eviction
@@ -447,25 +455,23 @@ bool Balancer::ensure_lock_room(size_t bytes) {
       got += p->bytes;
     }
   }
-  size_t i = 0;
   std::vector<bool> dropped(order.size(), false);
-  for (; i < order.size() && locked() > goal; ++i)
+  for (size_t i = 0; i < order.size() && locked() > goal; ++i)
     if (pool_.is_locked(order[i].second)) dropped[i] = pool_.unlock(order[i].second) > 0;
   std::vector<void*> blocks;
   {
     std::lock_guard<std::mutex> g(mu_);
     for (size_t j = 0; j < order.size(); ++j) {
       Pin* p = order[j].first;
-      if (dropped[j] && !p->orphaned) models_.at(p->model)->stats[static_cast<int>(p->subset)].lock_drops++;
+      if (dropped[j] && !p->orphaned) stats_locked(*p).lock_drops++;
       if (p->orphaned) {
-        blocks.push_back(p->block);
-        orphans_.erase(p);
+        reap_orphan_locked(p, blocks);
       } else {
         p->state = PinState::Live;
       }
     }
   }
-  free_blocks(blocks, false);
+  free_blocks(blocks);
   return locked() + bytes <= ceiling;
 }
 
@@ -536,7 +542,7 @@ size_t Balancer::free_along_tiers(size_t bytes, bool streaming_request, bool evi
         Pin* p = c.pin;
         if (skipped.count(p)) continue;
         if (p->users > 0 || p->state != PinState::Live) {
-          models_.at(p->model)->stats[static_cast<int>(p->subset)].inflight_skips++;
+          stats_locked(*p).inflight_skips++;
           skipped.insert(p);
           continue;
         }
@@ -558,11 +564,10 @@ size_t Balancer::free_along_tiers(size_t bytes, bool streaming_request, bool evi
         Pin* p = batch[i].pin;
         if (p->orphaned) {  // forgotten meanwhile: ours to free
           freed += p->bytes;
-          blocks.push_back(p->block);
-          orphans_.erase(p);
+          reap_orphan_locked(p, blocks);
           continue;
         }
-        SubsetStats& st = models_.at(p->model)->stats[static_cast<int>(p->subset)];
+        SubsetStats& st = stats_locked(*p);
         if (busy[i]) {
           p->state = PinState::Live;
           st.inflight_skips++;
@@ -576,7 +581,7 @@ size_t Balancer::free_along_tiers(size_t bytes, bool streaming_request, bool evi
         unlink_locked(p, blocks);
       }
     }
-    free_blocks(blocks, false);
+    free_blocks(blocks);
   }
   if (freed > 0) pool_.trim(0);  // give the RAM back to the OS now
   return freed;
@@ -604,18 +609,11 @@ size_t Balancer::sweep() {
   size_t bytes = 0;
   {
     std::lock_guard<std::mutex> g(mu_);
-    std::vector<Pin*> dead;
+    const auto dead = [](const Pin& p) { return p.state == PinState::Live && p.guard && !p.guard->alive(); };
     for (auto& [id, m] : models_)
-      for (auto& subset : m->pins)
-        for (auto& [key, p] : subset)
-          if (p->state == PinState::Live && p->guard && !p->guard->alive()) dead.push_back(p.get());
-    for (Pin* p : dead) {
-      models_.at(p->model)->stats[static_cast<int>(p->subset)].dropped++;
-      bytes += p->bytes;
-      unlink_locked(p, blocks);
-    }
+      for (int s = 0; s < kSubsets; ++s) bytes += drop_if_locked(*m, static_cast<Subset>(s), dead, blocks);
   }
-  free_blocks(blocks, false);
+  free_blocks(blocks);
   return bytes;
 }
 

@@ -180,8 +180,15 @@ class Balancer {
   size_t free_along_tiers(size_t bytes, bool streaming_request, bool evict_active);
   // Registration ceiling: whether a new pin of `bytes` may be page-locked,
   // after dropping page-locks along the tiers if needed.
-  bool ensure_lock_room(size_t bytes);
-  void free_blocks(const std::vector<void*>& blocks, bool trim);
+  bool ensure_lock_room(size_t bytes, const MemoryInfo& mi);
+  void free_blocks(const std::vector<void*>& blocks);
+  SubsetStats& stats_locked(const Pin& p);  // LOCK: mu_ its model's counters for its subset
+  void reap_orphan_locked(Pin* p, std::vector<void*>& to_free);  // LOCK: mu_ frees a detached pin
+  void refused_locked(ModelId model);  // LOCK: mu_ counts a refusal (the model may be gone)
+  // LOCK: mu_ drops (counted as `dropped`) the pins of m's subset s that match; returns their bytes.
+  size_t drop_if_locked(Model& m, Subset s, const std::function<bool(const Pin&)>& pred,
+                        std::vector<void*>& to_free);
+  bool ensure_budget(size_t bytes, bool streaming, const MemoryInfo& mi);
 
   HostPool& pool_;
   MemoryProbe& probe_;
