@@ -106,14 +106,14 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
     pin.copy_(source);
     lease.filled();
   }
-  at::Tensor out = at::empty(source.sizes(), source.options().device(device).memory_format(at::MemoryFormat::Contiguous));
-  out.copy_(pin, non_blocking);
+  at::Tensor out = plain_copy(pin, device, dtype, non_blocking);
   if (non_blocking && !out.device().is_cpu()) {
-    // The copy may still be reading the pin when we return: fence it.
+    // The copy (and the conversion after it, on the same stream) may still be
+    // reading the pin when we return: fence it.
     const c10::Stream stream = c10::impl::VirtualGuardImpl(out.device().type()).getStream(out.device());
     record_stream(lease.data(), stream);
   }
-  return dtype && *dtype != source.scalar_type() ? out.to(*dtype) : out;
+  return out;
 }
 
 // Not differentiable: below autograd, so the result of a source that requires
