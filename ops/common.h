@@ -6,8 +6,8 @@
 
 #include <utility>
 
-#include "csrc/check.h"
-#include "csrc/runtime.h"
+#include "csrc/base/check.h"
+#include "csrc/runtime/runtime.h"
 
 namespace pins::ops {
 

@@ -5,7 +5,7 @@
 
 #include <iostream>
 
-#include "ops/pins_ops.h"
+#include <pins/ops.h>
 
 int main(int argc, char** argv) {
   if (argc != 2) {

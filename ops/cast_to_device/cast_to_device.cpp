@@ -23,10 +23,10 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
-#include "allocator/torch_allocator.h"
-#include "csrc/nvtx.h"
+#include "ops/allocator/torch_allocator.h"
+#include "csrc/base/nvtx.h"
 #include "ops/common.h"
-#include "ops/pins_ops.h"
+#include <pins/ops.h>
 
 namespace pins::ops {
 namespace {

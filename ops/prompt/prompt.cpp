@@ -3,7 +3,7 @@
 #include <torch/library.h>
 
 #include "ops/common.h"
-#include "ops/pins_ops.h"
+#include <pins/ops.h>
 
 namespace pins::ops {
 namespace {

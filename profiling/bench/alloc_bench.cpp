@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "allocator/pool.h"
-#include "csrc/config.h"
+#include "csrc/pool/pool.h"
+#include "csrc/runtime/config.h"
 #include "profiling/bench/model_params.h"
 
 namespace pins::bench {

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "csrc/check.h"
+#include "csrc/base/check.h"
 #include "profiling/sim/plot.h"
 #include "profiling/sim/report.h"
 

@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "csrc/registry.h"
+#include "csrc/balancer/registry.h"
 #include "profiling/sim/trace.h"
 
 namespace pins::sim {

@@ -8,10 +8,10 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "allocator/backend.h"
-#include "allocator/pool.h"
-#include "csrc/balancer.h"
-#include "csrc/sysmem.h"
+#include "csrc/pool/backend.h"
+#include "csrc/pool/pool.h"
+#include "csrc/balancer/balancer.h"
+#include "csrc/system/sysmem.h"
 
 namespace pins::sim {
 

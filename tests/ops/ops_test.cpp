@@ -1,5 +1,5 @@
-// The ops through the dispatcher, as a C++ app calls them (ops/pins_ops.h).
-#include "ops/pins_ops.h"
+// The ops through the dispatcher, as a C++ app calls them (include/pins/ops.h).
+#include <pins/ops.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -1,0 +1,56 @@
+// The operating-system layer of the host pool.
+//
+// Note [Host backend contract]
+// The pool only ever calls a backend with page-aligned addresses and sizes that
+// are positive multiples of page_size(), on ranges it got from reserve(). Every
+// call returns 0 on success or an errno-style code; on failure nothing changed.
+//   reserve   address space only: no RAM is used until commit.
+//   release   gives a whole reserved range back (it holds no committed pages).
+//   commit    backs a range with RAM (populated, so RSS shows it).
+//   decommit  returns a committed, unlocked range's RAM to the OS; it reads as
+//             zeros if committed again.
+//   lock      page-locks a committed range so the device can DMA from it; a
+//             locked range is unlocked exactly as it was locked (same base,
+//             same size) before it is decommitted.
+// Calls may block (page faults, driver calls): the pool never makes them while
+// holding its lock.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "csrc/runtime/config.h"
+
+namespace pins {
+
+class HostBackend {
+ public:
+  virtual ~HostBackend() = default;
+  virtual const char* name() const = 0;
+  virtual size_t page_size() const = 0;
+  // Whether lock() really page-locks; when false the pool never calls lock().
+  virtual bool can_lock() const = 0;
+  virtual int reserve(size_t size, void** addr) = 0;
+  virtual int release(void* addr, size_t size) = 0;
+  virtual int commit(void* addr, size_t size) = 0;
+  virtual int decommit(void* addr, size_t size) = 0;
+  virtual int lock(void* addr, size_t size) = 0;
+  virtual int unlock(void* addr, size_t size) = 0;
+};
+
+// mmap-backed host memory; lock() is mlock when `use_mlock`, else unavailable.
+std::unique_ptr<HostBackend> make_cpu_backend(bool use_mlock);
+
+// Address bookkeeping only: reserve hands out addresses that must never be
+// touched, commit and lock do nothing. For the simulator and large-size tests.
+std::unique_ptr<HostBackend> make_null_backend();
+
+// cudaHostRegister on mmap-backed memory. nullptr when pins was built without
+// CUDA or no CUDA device is present.
+std::unique_ptr<HostBackend> make_cuda_backend();
+
+// The backend `kind` asks for; Auto is cuda when available, else cpu.
+// Throws pins::ValueError when cuda is asked for and unavailable.
+std::unique_ptr<HostBackend> make_backend(BackendKind kind, bool use_mlock);
+
+}  // namespace pins

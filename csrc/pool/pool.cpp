@@ -1,0 +1,546 @@
+#include "csrc/pool/pool.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "csrc/base/check.h"
+#include "csrc/base/nvtx.h"
+
+namespace pins {
+
+struct HostPool::Segment {
+  uintptr_t base;
+  size_t size;
+  size_t free_space;  // bytes of this segment in ranges_
+};
+
+struct HostPool::Extent {
+  uintptr_t base;
+  size_t size;
+  Segment* seg;
+  bool locked;
+  size_t used = 0;      // blocks allocated or parked
+  uint64_t idle_since = 0;
+  bool unlocking = false;  // an unlock() is between its two lock holds
+};
+
+struct HostPool::Block {
+  uintptr_t addr;
+  size_t size;          // aligned; blocks tile their extent
+  size_t requested = 0;
+  Extent* ext;
+  Block* prev = nullptr;  // address neighbours in the same extent
+  Block* next = nullptr;
+  State state = State::Free;
+  std::vector<std::shared_ptr<Fence>> fences;
+};
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+PoolOptions PoolOptions::from(const Config& c) {
+  PoolOptions o;
+  o.segment_size = c.segment_size;
+  o.extent_min = c.extent_min;
+  o.alignment = c.alignment;
+  o.cap = c.cap;
+  o.retain_free = c.retain_free;
+  return o;
+}
+
+HostPool::HostPool(std::unique_ptr<HostBackend> backend, PoolOptions options)
+    : backend_(std::move(backend)),
+      opts_(options),
+      page_(backend_->page_size()),
+      align_(std::max<size_t>(options.alignment, 1)),
+      can_lock_(backend_->can_lock()),
+      cap_(options.cap) {
+  PINS_CHECK_VALUE((align_ & (align_ - 1)) == 0 && align_ <= page_,
+                   "pool alignment must be a power of two no larger than the page size (", page_, "), got ",
+                   align_);
+  stats_.backend = backend_->name();
+}
+
+HostPool::~HostPool() {
+  for (auto& [base, e] : extents_) {
+    if (e->locked) backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
+    backend_->decommit(reinterpret_cast<void*>(e->base), e->size);
+  }
+  for (auto& [base, s] : segments_) backend_->release(reinterpret_cast<void*>(s->base), s->size);
+}
+
+void HostPool::add_range(uintptr_t addr, size_t size, Segment* seg) {
+  seg->free_space += size;
+  auto next = ranges_.lower_bound(addr);
+  if (next != ranges_.end() && next->second.seg == seg && addr + size == next->first) {
+    size += next->second.size;
+    ranges_by_size_.erase({next->second.size, next->first});
+    next = ranges_.erase(next);
+  }
+  if (next != ranges_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second.seg == seg && prev->first + prev->second.size == addr) {
+      ranges_by_size_.erase({prev->second.size, prev->first});
+      addr = prev->first;
+      size += prev->second.size;
+      ranges_.erase(prev);
+    }
+  }
+  ranges_.emplace(addr, Range{size, seg});
+  ranges_by_size_.insert({size, addr});
+}
+
+bool HostPool::take_range(size_t size, uintptr_t* addr, Segment** seg) {
+  auto it = ranges_by_size_.lower_bound({size, 0});
+  if (it == ranges_by_size_.end()) return false;
+  const auto [rsize, raddr] = *it;
+  ranges_by_size_.erase(it);
+  Range r = ranges_.at(raddr);
+  ranges_.erase(raddr);
+  r.seg->free_space -= rsize;
+  if (rsize > size) add_range(raddr + size, rsize - size, r.seg);
+  *addr = raddr;
+  *seg = r.seg;
+  return true;
+}
+
+HostPool::Block* HostPool::take_free(size_t asize, bool locked) {
+  auto& set = free_[locked];
+  auto it = set.lower_bound({asize, 0});
+  if (it == set.end()) return nullptr;
+  Block* b = blocks_.at(it->second).get();
+  set.erase(it);
+  if (b->ext->used == 0) {
+    idle_.erase({b->ext->idle_since, b->ext});
+    idle_bytes_ -= b->ext->size;
+  }
+  if (b->size - asize >= align_) {
+    auto rest = std::make_unique<Block>();
+    rest->addr = b->addr + asize;
+    rest->size = b->size - asize;
+    rest->ext = b->ext;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest.get();
+    b->next = rest.get();
+    b->size = asize;
+    set.insert({rest->size, rest->addr});
+    blocks_.emplace(rest->addr, std::move(rest));
+  }
+  return b;
+}
+
+void* HostPool::finish(Block* b, size_t requested) {
+  b->state = State::Allocated;
+  b->requested = requested;
+  b->ext->used++;
+  stats_.allocations++;
+  stats_.allocated_bytes.increase(static_cast<int64_t>(b->size));
+  stats_.requested_bytes.increase(static_cast<int64_t>(requested));
+  stats_.blocks.increase(1);
+  return reinterpret_cast<void*>(b->addr);
+}
+
+void* HostPool::try_allocate(size_t size, bool lock) {
+  PINS_CHECK_VALUE(size > 0, "pool allocation size must be positive, got ", size);
+  PINS_CHECK_VALUE(size <= (size_t{1} << 48), "pool allocation size is implausibly large: ", size);
+  const bool want_lock = lock && can_lock_;
+  const size_t asize = round_align(size);
+  const size_t need = round_page(asize);
+  reap();
+
+  std::unique_lock<std::mutex> g(mu_);
+  for (;;) {
+    if (Block* b = take_free(asize, want_lock)) return finish(b, size);
+
+    // A new extent: at least extent_min, but never more than the cap allows.
+    if (cap_ != 0 && stats_.committed_bytes.current + committing_ + need > cap_) {
+      const size_t over = stats_.committed_bytes.current + committing_ + need - cap_;
+      std::vector<Extent*> victims = pick_idle(over);
+      if (victims.empty()) {
+        stats_.refusals++;
+        return nullptr;
+      }
+      g.unlock();
+      decommit(std::move(victims));
+      g.lock();
+      continue;
+    }
+    // Requests up to half an extent share extent_min extents (a tail that small
+    // requests fill); larger ones get an exact extent, so the tail never strands.
+    const size_t emin = round_page(opts_.extent_min);
+    size_t esize = 2 * need <= emin ? emin : need;
+    if (cap_ != 0) esize = std::min(esize, cap_ - stats_.committed_bytes.current - committing_);
+    uintptr_t addr = 0;
+    Segment* seg = nullptr;
+    if (!take_range(esize, &addr, &seg)) {
+      if (esize > need && take_range(need, &addr, &seg)) {
+        esize = need;
+      } else {
+        // Reserve a segment; mmap runs unlocked.
+        const size_t ssize = std::max(round_page(opts_.segment_size), need);
+        g.unlock();
+        void* p = nullptr;
+        const int rc = backend_->reserve(ssize, &p);
+        g.lock();
+        if (rc != 0) {
+          stats_.refusals++;
+          return nullptr;
+        }
+        auto s = std::make_unique<Segment>(Segment{reinterpret_cast<uintptr_t>(p), ssize, 0});
+        Segment* sp = s.get();
+        segments_.emplace(sp->base, std::move(s));
+        stats_.segments++;
+        stats_.reserved_bytes.increase(static_cast<int64_t>(ssize));
+        add_range(sp->base, ssize, sp);
+        continue;
+      }
+    }
+
+    committing_ += esize;
+    g.unlock();
+    void* p = reinterpret_cast<void*>(addr);
+    const int64_t t0 = now_ns();
+    int rc = backend_->commit(p, esize);
+    const int64_t t1 = now_ns();
+    int lrc = 0;
+    if (rc == 0 && want_lock) {
+      PINS_RANGE("pins::register");
+      lrc = backend_->lock(p, esize);
+      if (lrc != 0) backend_->decommit(p, esize);
+    }
+    const int64_t t2 = now_ns();
+    g.lock();
+    committing_ -= esize;
+    stats_.commit_ns += t1 - t0;
+    if (rc != 0 || lrc != 0) {
+      if (lrc != 0) stats_.lock_failures++;
+      add_range(addr, esize, seg);
+      stats_.refusals++;
+      return nullptr;
+    }
+    stats_.commits++;
+    stats_.committed_bytes.increase(static_cast<int64_t>(esize));
+    if (want_lock) {
+      stats_.registrations++;
+      stats_.lock_ns += t2 - t1;
+      stats_.locked_bytes.increase(static_cast<int64_t>(esize));
+    }
+    auto e = std::make_unique<Extent>(Extent{addr, esize, seg, want_lock});
+    auto b = std::make_unique<Block>();
+    b->addr = addr;
+    b->size = esize;
+    b->ext = e.get();
+    Block* bp = b.get();
+    extents_.emplace(addr, std::move(e));
+    blocks_.emplace(addr, std::move(b));
+    // Listed as a free, idle extent like any other, then taken at once under the
+    // same lock hold.
+    free_[want_lock].insert({bp->size, bp->addr});
+    bp->ext->idle_since = ++clock_;
+    idle_.insert({bp->ext->idle_since, bp->ext});
+    idle_bytes_ += esize;
+    Block* got = take_free(asize, want_lock);
+    PINS_ASSERT(got != nullptr);
+    return finish(got, size);
+  }
+}
+
+void* HostPool::allocate(size_t size, bool lock) {
+  if (void* p = try_allocate(size, lock)) return p;
+  const PoolStats s = stats();
+  throw ResourceError(detail::cat("pins host pool refused an allocation of ", size, " bytes: cap ", cap(),
+                                  " bytes, committed ", s.committed_bytes.current, " bytes, allocated ",
+                                  s.allocated_bytes.current, " bytes (backend ", s.backend, ")"));
+}
+
+HostPool::Block* HostPool::find(void* ptr, const char* what) const {
+  auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  PINS_CHECK_VALUE(it != blocks_.end() && it->second->state == State::Allocated, what, ": pointer ", ptr,
+                   " is not a live allocation of this pool");
+  return it->second.get();
+}
+
+void HostPool::release(Block* b) {
+  b->state = State::Free;
+  b->fences.clear();
+  Extent* e = b->ext;
+  e->used--;
+  auto& set = free_[e->locked];
+  if (Block* n = b->next; n && n->state == State::Free) {
+    set.erase({n->size, n->addr});
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    blocks_.erase(n->addr);
+  }
+  if (Block* p = b->prev; p && p->state == State::Free) {
+    set.erase({p->size, p->addr});
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    blocks_.erase(b->addr);
+    b = p;
+  }
+  set.insert({b->size, b->addr});
+  if (e->used == 0) {
+    e->idle_since = ++clock_;
+    idle_.insert({e->idle_since, e});
+    idle_bytes_ += e->size;
+  }
+}
+
+std::vector<HostPool::Extent*> HostPool::pick_idle(size_t over) {
+  // Oldest idle extents first: the most recently freed are the likeliest reused.
+  std::vector<Extent*> victims;
+  size_t got = 0;
+  for (auto it = idle_.begin(); got < over && it != idle_.end();) {
+    Extent* e = it->second;
+    if (e->unlocking) {  // unlock() owns it for now
+      ++it;
+      continue;
+    }
+    it = idle_.erase(it);
+    idle_bytes_ -= e->size;
+    free_[e->locked].erase({e->size, e->base});
+    blocks_.erase(e->base);
+    got += e->size;
+    victims.push_back(e);
+  }
+  return victims;
+}
+
+void HostPool::decommit(std::vector<Extent*> victims) {
+  // The victims are in no list: nobody else can reach them while unlocked.
+  struct Done {
+    Extent* e;
+    bool unlocked;
+    int64_t unlock_ns;
+  };
+  std::vector<Done> done;
+  for (Extent* e : victims) {
+    void* p = reinterpret_cast<void*>(e->base);
+    PINS_RANGE("pins::decommit");
+    const int64_t t0 = now_ns();
+    const bool unlocked = e->locked && backend_->unlock(p, e->size) == 0;
+    const int64_t t1 = now_ns();
+    if (!e->locked || unlocked) backend_->decommit(p, e->size);
+    done.push_back({e, unlocked, t1 - t0});
+  }
+  std::vector<std::pair<void*, size_t>> to_release;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const Done& d : done) {
+      Extent* e = d.e;
+      if (e->locked && !d.unlocked) {
+        // The driver refused to unlock: the memory stays committed; keep it as
+        // an idle extent rather than lose track of it.
+        stats_.lock_failures++;
+        auto b = std::make_unique<Block>();
+        b->addr = e->base;
+        b->size = e->size;
+        b->ext = e;
+        free_[e->locked].insert({b->size, b->addr});
+        blocks_.emplace(b->addr, std::move(b));
+        e->idle_since = ++clock_;
+        idle_.insert({e->idle_since, e});
+        idle_bytes_ += e->size;
+        continue;
+      }
+      if (e->locked) {
+        stats_.unregistrations++;
+        stats_.unlock_ns += d.unlock_ns;
+        stats_.locked_bytes.decrease(static_cast<int64_t>(e->size));
+      }
+      stats_.decommits++;
+      stats_.committed_bytes.decrease(static_cast<int64_t>(e->size));
+      Segment* seg = e->seg;
+      add_range(e->base, e->size, seg);
+      extents_.erase(e->base);
+      if (seg->free_space == seg->size) {
+        ranges_by_size_.erase({seg->size, seg->base});
+        ranges_.erase(seg->base);
+        stats_.reserved_bytes.decrease(static_cast<int64_t>(seg->size));
+        to_release.emplace_back(reinterpret_cast<void*>(seg->base), seg->size);
+        segments_.erase(seg->base);
+      }
+    }
+  }
+  for (auto [p, n] : to_release) backend_->release(p, n);
+}
+
+void HostPool::free(void* ptr) {
+  std::vector<Extent*> victims;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    Block* b = find(ptr, "HostPool::free");
+    stats_.frees++;
+    stats_.allocated_bytes.decrease(static_cast<int64_t>(b->size));
+    stats_.requested_bytes.decrease(static_cast<int64_t>(b->requested));
+    stats_.blocks.decrease(1);
+    if (!b->fences.empty()) {
+      b->state = State::Parked;
+      parked_.push_back(b);
+      stats_.deferred_frees++;
+      return;
+    }
+    release(b);
+    if (idle_bytes_ > opts_.retain_free) victims = pick_idle(idle_bytes_ - opts_.retain_free);
+  }
+  if (!victims.empty()) decommit(std::move(victims));
+}
+
+void HostPool::reap() {
+  std::vector<std::pair<Block*, std::vector<std::shared_ptr<Fence>>>> snap;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (parked_.empty()) return;
+    for (Block* b : parked_) snap.emplace_back(b, b->fences);
+    parked_.clear();
+  }
+  std::vector<bool> ready(snap.size());
+  for (size_t i = 0; i < snap.size(); ++i)
+    ready[i] = std::all_of(snap[i].second.begin(), snap[i].second.end(),
+                           [](const std::shared_ptr<Fence>& f) { return f->done(); });
+  std::vector<Extent*> victims;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t i = 0; i < snap.size(); ++i) {
+      if (ready[i]) release(snap[i].first);
+      else parked_.push_back(snap[i].first);
+    }
+    if (idle_bytes_ > opts_.retain_free) victims = pick_idle(idle_bytes_ - opts_.retain_free);
+  }
+  if (!victims.empty()) decommit(std::move(victims));
+  // snap's fences are destroyed here, unlocked.
+}
+
+void HostPool::record_fence(void* ptr, std::shared_ptr<Fence> fence) {
+  PINS_CHECK_VALUE(fence != nullptr, "HostPool::record_fence: fence must not be null");
+  std::vector<std::shared_ptr<Fence>> old;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    old.swap(find(ptr, "HostPool::record_fence")->fences);
+  }
+  // Drop the fences that completed, so a block copied every step keeps a short list.
+  std::vector<std::shared_ptr<Fence>> keep;
+  for (auto& f : old)
+    if (!f->done()) keep.push_back(f);
+  keep.push_back(std::move(fence));
+  std::lock_guard<std::mutex> g(mu_);
+  Block* b = find(ptr, "HostPool::record_fence");
+  b->fences.insert(b->fences.end(), keep.begin(), keep.end());
+}
+
+bool HostPool::in_flight(void* ptr) {
+  std::vector<std::shared_ptr<Fence>> fences;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    fences = find(ptr, "HostPool::in_flight")->fences;
+  }
+  return std::any_of(fences.begin(), fences.end(), [](const std::shared_ptr<Fence>& f) { return !f->done(); });
+}
+
+size_t HostPool::trim(size_t keep_idle) {
+  reap();
+  std::vector<Extent*> victims;
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (idle_bytes_ > keep_idle) victims = pick_idle(idle_bytes_ - keep_idle);
+    for (Extent* e : victims) bytes += e->size;
+  }
+  if (!victims.empty()) decommit(std::move(victims));
+  return bytes;
+}
+
+size_t HostPool::requested_size(void* ptr) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return find(ptr, "HostPool::requested_size")->requested;
+}
+
+bool HostPool::is_locked(void* ptr) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return find(ptr, "HostPool::is_locked")->ext->locked;
+}
+
+size_t HostPool::unlock(void* ptr) {
+  Extent* e = nullptr;
+  std::vector<std::shared_ptr<Fence>> fences;
+  auto move_free = [&](Extent* x, bool from, bool to) {
+    for (auto it = blocks_.find(x->base); it != blocks_.end();) {
+      Block* b = it->second.get();
+      if (b->state == State::Free) {
+        free_[from].erase({b->size, b->addr});
+        free_[to].insert({b->size, b->addr});
+      }
+      if (b->next == nullptr) break;
+      it = blocks_.find(b->next->addr);
+    }
+  };
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    e = find(ptr, "HostPool::unlock")->ext;
+    if (!e->locked || e->unlocking) return 0;
+    for (Block* b = blocks_.at(e->base).get(); b != nullptr; b = b->next)
+      fences.insert(fences.end(), b->fences.begin(), b->fences.end());
+    // From here new locked requests no longer use this extent.
+    e->locked = false;
+    e->unlocking = true;
+    move_free(e, true, false);
+  }
+  const bool busy = std::any_of(fences.begin(), fences.end(), [](const auto& f) { return !f->done(); });
+  int rc = 0;
+  int64_t ns = 0;
+  if (!busy) {
+    PINS_RANGE("pins::unregister");
+    const int64_t t0 = now_ns();
+    rc = backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
+    ns = now_ns() - t0;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  e->unlocking = false;
+  if (busy || rc != 0) {
+    if (rc != 0) stats_.lock_failures++;
+    e->locked = true;
+    move_free(e, false, true);
+    return 0;
+  }
+  stats_.unregistrations++;
+  stats_.unlock_ns += ns;
+  stats_.locked_bytes.decrease(static_cast<int64_t>(e->size));
+  return e->size;
+}
+
+size_t HostPool::cap() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return cap_;
+}
+
+void HostPool::set_cap(size_t cap) {
+  std::lock_guard<std::mutex> g(mu_);
+  cap_ = cap;
+}
+
+PoolStats HostPool::stats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return stats_;
+}
+
+void HostPool::reset_accumulated() {
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.reset_accumulated();
+}
+
+void HostPool::reset_peak() {
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.reset_peak();
+}
+
+}  // namespace pins

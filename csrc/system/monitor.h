@@ -1,0 +1,74 @@
+// A background thread that reports RAM pressure: available RAM below the
+// balancer's headroom. See DESIGN.md "Budget" (RAM pressure check).
+//
+// Note [Pressure monitor wake-ups]
+// The thread checks probe.read().available against headroom() and calls
+// on_pressure() when it is below. It checks at start, then whenever it wakes:
+//  - on a Linux PSI trigger on <root>/proc/pressure/memory ("some 100000
+//    1000000": 100 ms of memory stall within 1 s, POLLPRI; "some 200000
+//    2000000" where the kernel refuses 1 s windows to a process without
+//    CAP_SYS_RESOURCE), when that file is a procfs file that accepts a trigger;
+//    otherwise PSI is not used;
+//  - every `interval` in either mode, because RAM can run out slowly without
+//    any stall, which PSI alone would miss.
+// stop() wakes the thread through an eventfd, so it returns as soon as a check
+// in progress (and its on_pressure()) finishes, whatever the interval.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "csrc/system/sysmem.h"
+
+namespace pins {
+
+class PressureMonitor {
+ public:
+  // `probe` must outlive the monitor. `headroom` and `on_pressure` run on the
+  // monitor's thread (never under a lock of the monitor); headroom is a callable
+  // so configuration changes apply to the next check. `interval` must be > 0.
+  // Throws pins::ValueError for a bad interval, pins::ResourceError when the
+  // thread or its wake-up descriptor cannot be created.
+  PressureMonitor(MemoryProbe& probe, std::function<uint64_t()> headroom, std::function<void()> on_pressure,
+                  std::chrono::milliseconds interval, std::string root = "/");
+  // Stops and joins. Must not run on the monitor's thread (from on_pressure).
+  ~PressureMonitor();
+  PressureMonitor(const PressureMonitor&) = delete;
+  PressureMonitor& operator=(const PressureMonitor&) = delete;
+
+  // Stops the thread and joins it; idempotent and callable from any thread.
+  // Called from on_pressure() it only asks the thread to stop (no self-join).
+  void stop();
+
+  bool uses_psi() const { return uses_psi_.load(std::memory_order_relaxed); }
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }    // COUNT of checks made
+  uint64_t triggers() const { return triggers_.load(std::memory_order_relaxed); }  // COUNT of on_pressure() calls
+  // COUNT of checks in which the probe, headroom() or on_pressure() threw; the
+  // exception is dropped and the monitor goes on.
+  uint64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+
+ private:
+  void run();
+  void check();
+
+  MemoryProbe& probe_;
+  const std::function<uint64_t()> headroom_;
+  const std::function<void()> on_pressure_;
+  const std::chrono::milliseconds interval_;
+  int wake_fd_ = -1;  // eventfd written by stop()
+  int psi_fd_ = -1;   // PSI trigger, -1 when polling; after construction only the thread touches it
+  std::atomic<bool> uses_psi_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> wakeups_{0};
+  std::atomic<uint64_t> triggers_{0};
+  std::atomic<uint64_t> errors_{0};
+  std::mutex mu_;       // serializes stop()'s join
+  std::thread thread_;  // LOCK: mu_ (joined under it). Declared last: started once all else is set.
+};
+
+}  // namespace pins

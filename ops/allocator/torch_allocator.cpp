@@ -1,0 +1,67 @@
+#include "ops/allocator/torch_allocator.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/StorageImpl.h>
+
+#include <cstring>
+
+#include "csrc/runtime/default_pool.h"
+
+namespace pins {
+namespace {
+
+void delete_block(void* ptr) {
+  if (ptr != nullptr) default_pool().free(ptr);
+}
+
+class EventFence final : public Fence {
+ public:
+  explicit EventFence(c10::Stream stream) : event_(stream.device_type()) { event_.record(stream); }
+  bool done() override { return event_.query(); }
+  void wait() override { event_.synchronize(); }
+
+ private:
+  c10::Event event_;
+};
+
+c10::DataPtr wrap(void* p) {
+  return {p, p, &delete_block, c10::Device(c10::DeviceType::CPU)};
+}
+
+}  // namespace
+
+c10::DataPtr TorchHostAllocator::allocate(size_t nbytes) {
+  if (nbytes == 0) return wrap(nullptr);
+  return wrap(default_pool().allocate(nbytes));
+}
+
+c10::DeleterFnPtr TorchHostAllocator::raw_deleter() const { return &delete_block; }
+
+void TorchHostAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  if (count != 0) std::memcpy(dest, src, count);
+}
+
+TorchHostAllocator& torch_host_allocator() {
+  static TorchHostAllocator a;
+  return a;
+}
+
+at::Tensor try_empty_pinned(c10::IntArrayRef sizes, c10::ScalarType dtype, bool lock) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  void* p = nbytes == 0 ? nullptr : default_pool().try_allocate(nbytes, lock);
+  if (nbytes != 0 && p == nullptr) return {};
+  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, wrap(p),
+                                                       &torch_host_allocator(), /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype).device(c10::kCPU))
+      .set_(c10::Storage(std::move(storage)), 0, sizes);
+}
+
+void record_stream(const void* data, c10::Stream stream) {
+  if (data == nullptr || stream.device_type() == c10::DeviceType::CPU) return;  // CPU work is synchronous
+  default_pool().record_fence(const_cast<void*>(data), std::make_shared<EventFence>(stream));
+}
+
+}  // namespace pins

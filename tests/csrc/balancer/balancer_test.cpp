@@ -1,0 +1,651 @@
+#include "csrc/balancer/balancer.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "csrc/base/check.h"
+
+namespace pins {
+namespace {
+
+// RAM as the balancer sees it: a fixed amount free before pins, minus what the
+// pool has committed.
+class FakeProbe : public MemoryProbe {
+ public:
+  FakeProbe(HostPool& pool, uint64_t total, uint64_t free_before_pins) : pool_(pool), total_(total), free_(free_before_pins) {}
+  MemoryInfo read() override {
+    MemoryInfo m;
+    m.total = total_;
+    const uint64_t used = static_cast<uint64_t>(pool_.stats().committed_bytes.current);
+    m.available = free_.load() > used ? free_.load() - used : 0;
+    return m;
+  }
+  std::atomic<uint64_t> free_;
+
+ private:
+  HostPool& pool_;
+  uint64_t total_;
+};
+
+class FakeFence : public Fence {
+ public:
+  explicit FakeFence(std::atomic<bool>* flag) : flag_(flag) {}
+  bool done() override { return flag_->load(); }
+  void wait() override {}
+
+ private:
+  std::atomic<bool>* flag_;
+};
+
+class FlagGuard : public SourceGuard {
+ public:
+  explicit FlagGuard(std::shared_ptr<std::atomic<bool>> alive) : alive_(std::move(alive)) {}
+  bool alive() const override { return alive_->load(); }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> alive_;
+};
+
+constexpr uint64_t U = 64 * MiB;  // one pin in these scenarios
+
+PoolOptions pool_opts() {
+  PoolOptions o;
+  o.segment_size = 1 * GiB;
+  o.extent_min = 1 * MiB;
+  o.retain_free = 0;
+  return o;
+}
+
+Config base_config() {
+  Config c;
+  c.headroom = 4 * GiB;  // a new pin needs 2 GiB + its size available
+  c.pin_slack = 0;
+  c.relieve_slack = 0;
+  c.ceiling_min = 0;
+  c.ceiling_max = 1;
+  c.ceiling_reserve = 0;
+  c.ceiling_swap_reserve = 0;
+  return c;
+}
+
+struct Fixture {
+  explicit Fixture(uint64_t room_pins, Config c = base_config())
+      : pool(make_null_backend(), pool_opts()), probe(pool, 64 * GiB, 2 * GiB + room_pins * U), bal(c, pool, probe) {}
+  HostPool pool;
+  FakeProbe probe;
+  Balancer bal;
+
+  Request req(ModelId m, uint64_t id, Kind kind = Kind::Weights, bool resident = false, uint64_t bytes = U) {
+    Request r;
+    r.model = m;
+    r.key = PinKey{id, 0, bytes};
+    r.bytes = bytes;
+    r.kind = kind;
+    r.resident = resident;
+    return r;
+  }
+  // A cast: true when served from a pin (hit or new), false when refused.
+  bool cast(const Request& r) {
+    Lease l = bal.acquire(r);
+    if (!l) return false;
+    if (l.needs_fill()) l.filled();
+    return true;
+  }
+  bool has(ModelId m, uint64_t id, Subset s) {
+    for (const auto& p : bal.pins())
+      if (p.model == m && p.key.storage == id && p.subset == s) return true;
+    return false;
+  }
+  // One prompt of model m casting `keys` (weights) in order; every cast must get a pin.
+  void prompt(ModelId m, const std::vector<uint64_t>& keys) {
+    bal.mark_prompt({m});
+    for (uint64_t k : keys) EXPECT_TRUE(cast(req(m, k))) << "refused: key " << k;
+    bal.end_prompt();
+  }
+  int count(ModelId m, Subset s) {
+    int n = 0;
+    for (const auto& p : bal.pins()) n += p.model == m && p.subset == s;
+    return n;
+  }
+};
+
+TEST(BalancerTiers, OutOfPromptStreamingGoesBeforeInPromptCache) {
+  Fixture f(8);
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(f.cast(f.req(a, 100 + i)));                     // a: weights
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(f.cast(f.req(b, 200 + i, Kind::Weights, true)));  // b: weights-loaded
+  f.bal.mark_prompt({b});
+  ASSERT_TRUE(f.cast(f.req(b, 300, Kind::Weights, true)));  // no room: one pin must go
+  EXPECT_EQ(f.count(a, Subset::Weights), 3);
+  EXPECT_FALSE(f.has(a, 103, Subset::Weights)) << "mru: the newest pin of the model goes first";
+  EXPECT_EQ(f.count(b, Subset::WeightsLoaded), 5);
+  EXPECT_EQ(f.bal.subset_stats(a, Subset::Weights).evictions[0], 1);
+}
+
+TEST(BalancerTiers, OutOfPromptCacheGoesBeforeInPromptCache) {
+  Fixture f(8);
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(f.cast(f.req(b, 200 + i, Kind::Weights, true)));
+  for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(f.cast(f.req(a, 100 + i, Kind::Weights, true)));
+  f.bal.mark_prompt({b});
+  ASSERT_TRUE(f.cast(f.req(b, 300, Kind::Weights, true)));
+  ASSERT_TRUE(f.cast(f.req(b, 301, Kind::Weights, true)));
+  EXPECT_EQ(f.count(a, Subset::WeightsLoaded), 2);
+  EXPECT_EQ(f.count(b, Subset::WeightsLoaded), 6);
+  EXPECT_EQ(f.bal.subset_stats(a, Subset::WeightsLoaded).evictions[1], 2);  // tier 2
+}
+
+TEST(BalancerTiers, InPromptCacheGoesBeforeInactiveStreamingAndOnlyStreamingRequestsReachTier4) {
+  Fixture f(4);
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  const ModelId c = f.bal.register_model("c", "cuda:0");
+  f.bal.mark_prompt({b, c});
+  ASSERT_TRUE(f.cast(f.req(b, 1, Kind::Weights, true)));  // b: weights-loaded (tier 3)
+  ASSERT_TRUE(f.cast(f.req(c, 2)));                       // c: weights, in prompt, inactive (tier 4)
+  ASSERT_TRUE(f.cast(f.req(c, 3)));
+  ASSERT_TRUE(f.cast(f.req(c, 4)));
+  // A streaming request: the cache pin (tier 3) goes first.
+  ASSERT_TRUE(f.cast(f.req(c, 5)));
+  EXPECT_EQ(f.count(b, Subset::WeightsLoaded), 0);
+  EXPECT_EQ(f.count(c, Subset::Weights), 4);
+  // A cache request may not take streaming pins of the prompt: refused.
+  EXPECT_FALSE(f.cast(f.req(b, 6, Kind::Weights, true)));
+  EXPECT_EQ(f.count(c, Subset::Weights), 4);
+  // A streaming request may (tier 4).
+  ASSERT_TRUE(f.cast(f.req(b, 7)));
+  EXPECT_EQ(f.count(c, Subset::Weights), 3);
+  EXPECT_EQ(f.bal.subset_stats(c, Subset::Weights).evictions[3], 1);
+}
+
+TEST(BalancerTiers, ActiveStreamingPinsOnlyWhenAllowed) {
+  Fixture f(3);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  f.bal.mark_prompt({m});
+  f.bal.set_active(m, true);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(f.cast(f.req(m, i)));
+  EXPECT_FALSE(f.cast(f.req(m, 10))) << "only the model's own active streaming pins are left: refuse";
+  EXPECT_EQ(f.bal.free(U, false), 0u);
+  EXPECT_EQ(f.count(m, Subset::Weights), 3);
+  EXPECT_EQ(f.bal.free(U, true), U);
+  EXPECT_EQ(f.count(m, Subset::Weights), 2);
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).evictions[4], 1);
+}
+
+// Three models out of the prompt, loaded x, y, z: mru frees z first, lru x first.
+TEST(BalancerPolicy, MruAgainstLruOrder) {
+  for (PolicyKind policy : {PolicyKind::Mru, PolicyKind::Lru}) {
+    Config c = base_config();
+    c.policy = policy;
+    Fixture f(6, c);
+    const ModelId x = f.bal.register_model("x", "cuda:0");
+    const ModelId y = f.bal.register_model("y", "cuda:0");
+    const ModelId z = f.bal.register_model("z", "cuda:0");
+    for (ModelId m : {x, y, z})
+      for (uint64_t i = 0; i < 2; ++i) ASSERT_TRUE(f.cast(f.req(m, 10 * m + i)));
+    ASSERT_EQ(f.bal.free(2 * U), 2 * U);
+    SCOPED_TRACE(to_string(policy));
+    if (policy == PolicyKind::Mru) {
+      EXPECT_EQ(f.count(z, Subset::Weights), 0);
+      EXPECT_EQ(f.count(x, Subset::Weights), 2);
+    } else {
+      EXPECT_EQ(f.count(x, Subset::Weights), 0);
+      EXPECT_EQ(f.count(z, Subset::Weights), 2);
+    }
+    EXPECT_EQ(f.count(y, Subset::Weights), 2);
+    // Loading x again moves it to the front of the load order.
+    f.bal.set_active(x, true);
+    f.bal.set_active(x, false);
+    for (uint64_t i = 0; i < 2; ++i) ASSERT_TRUE(f.cast(f.req(z, 10 * z + i)));
+    ASSERT_EQ(f.bal.free(2 * U), 2 * U);
+    if (policy == PolicyKind::Mru) EXPECT_EQ(f.count(x, Subset::Weights), 0) << "x was loaded last";
+    else EXPECT_EQ(f.count(y, Subset::Weights), 0) << "y is now the oldest";
+  }
+}
+
+TEST(BalancerPolicy, LruKeepsNoLoadedCache) {
+  Config c = base_config();
+  c.policy = PolicyKind::Lru;
+  Fixture f(8, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(m, 1, Kind::Weights, true)));
+  EXPECT_TRUE(f.has(m, 1, Subset::Weights));
+  EXPECT_EQ(f.count(m, Subset::WeightsLoaded), 0);
+}
+
+TEST(BalancerCastPath, FastDiskCreatesNoLoadedPinsButReusesThem) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(m, 1, Kind::Weights, true)));  // fast-disk off: weights-loaded
+  EXPECT_TRUE(f.has(m, 1, Subset::WeightsLoaded));
+  Config c = base_config();
+  c.fast_disk = true;
+  f.bal.configure(c);
+  ASSERT_TRUE(f.cast(f.req(m, 2, Kind::Weights, true)));
+  EXPECT_TRUE(f.has(m, 2, Subset::Weights)) << "fast-disk: a resident weight goes to the streaming subset";
+  EXPECT_EQ(f.count(m, Subset::WeightsLoaded), 1);
+  Lease l = f.bal.acquire(f.req(m, 1, Kind::Weights, true));
+  ASSERT_TRUE(l);
+  EXPECT_TRUE(l.hit()) << "fast-disk still reuses an existing -loaded pin";
+  EXPECT_EQ(l.subset(), Subset::WeightsLoaded);
+}
+
+TEST(BalancerCastPath, StreamingSubsetIsLookedUpBeforeLoaded) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(m, 1)));  // weights
+  Lease l = f.bal.acquire(f.req(m, 1, Kind::Weights, true));  // now resident: still the same pin
+  ASSERT_TRUE(l && l.hit());
+  EXPECT_EQ(l.subset(), Subset::Weights);
+  EXPECT_EQ(f.count(m, Subset::WeightsLoaded), 0);
+}
+
+TEST(BalancerCastPath, PatchSignatureChangeRefills) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  Request r = f.req(m, 1, Kind::Patches, true, 1 * MiB);
+  r.signature = 11;
+  ASSERT_TRUE(f.cast(r));
+  EXPECT_TRUE(f.has(m, 1, Subset::PatchesLoaded));
+  {
+    Lease l = f.bal.acquire(r);
+    EXPECT_TRUE(l.hit());
+  }
+  r.signature = 12;
+  {
+    Lease l = f.bal.acquire(r);
+    ASSERT_TRUE(l);
+    EXPECT_FALSE(l.hit()) << "a patches-loaded pin serves only its own signature";
+    EXPECT_TRUE(l.needs_fill());
+    l.filled();
+  }
+  const SubsetStats s = f.bal.subset_stats(m, Subset::PatchesLoaded);
+  EXPECT_EQ(s.dropped, 1);
+  EXPECT_EQ(s.pins, 1);
+  EXPECT_TRUE(f.bal.acquire(r).hit());
+  // Without a signature a resident patch is not cached in patches-loaded.
+  Request plain = f.req(m, 2, Kind::Patches, true, 1 * MiB);
+  ASSERT_TRUE(f.cast(plain));
+  EXPECT_TRUE(f.has(m, 2, Subset::Patches));
+}
+
+TEST(BalancerPrompt, BoundaryDropsPatchesKeepsPatchesLoaded) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  f.bal.mark_prompt({m});
+  ASSERT_TRUE(f.cast(f.req(m, 1, Kind::Patches, false, 1 * MiB)));
+  Request loaded = f.req(m, 2, Kind::Patches, true, 1 * MiB);
+  loaded.signature = 5;
+  ASSERT_TRUE(f.cast(loaded));
+  ASSERT_TRUE(f.cast(f.req(m, 3)));
+  EXPECT_TRUE(f.bal.prompt_running());
+  f.bal.end_prompt();
+  EXPECT_FALSE(f.bal.prompt_running());
+  EXPECT_FALSE(f.has(m, 1, Subset::Patches));
+  EXPECT_TRUE(f.has(m, 2, Subset::PatchesLoaded));
+  EXPECT_TRUE(f.has(m, 3, Subset::Weights));
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Patches).dropped, 1);
+}
+
+TEST(BalancerCastPath, StaleVersionOrDeadSourceNeverServes) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  Request r = f.req(m, 1);
+  auto alive = std::make_shared<std::atomic<bool>>(true);
+  auto guard = [&] { return std::make_unique<FlagGuard>(alive); };
+  {
+    Lease l = f.bal.acquire(r, guard);
+    l.filled();
+  }
+  EXPECT_TRUE(f.bal.acquire(r, guard).hit());
+  r.version = 1;  // the source was written in place
+  {
+    Lease l = f.bal.acquire(r, guard);
+    EXPECT_FALSE(l.hit());
+    EXPECT_TRUE(l.needs_fill());
+    l.filled();
+  }
+  EXPECT_TRUE(f.bal.acquire(r, guard).hit());
+  *alive = false;  // the storage died
+  EXPECT_EQ(f.bal.sweep(), U);
+  EXPECT_EQ(f.count(m, Subset::Weights), 0);
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).dropped, 2);
+}
+
+TEST(BalancerEviction, DeadSourcesGoBeforeAnyTier) {
+  Fixture f(2);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  auto alive = std::make_shared<std::atomic<bool>>(true);
+  {
+    Lease l = f.bal.acquire(f.req(m, 1), [&] { return std::make_unique<FlagGuard>(alive); });
+    l.filled();
+  }
+  ASSERT_TRUE(f.cast(f.req(m, 2)));
+  *alive = false;  // pin 1's storage died; pin 2 is newer, so mru would take it first
+  ASSERT_TRUE(f.cast(f.req(m, 3)));
+  EXPECT_TRUE(f.has(m, 2, Subset::Weights));
+  EXPECT_FALSE(f.has(m, 1, Subset::Weights));
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).evictions[0], 0);
+}
+
+TEST(BalancerCastPath, UnfilledPinIsDroppedAndNeverServed) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  {
+    Lease l = f.bal.acquire(f.req(m, 1));
+    ASSERT_TRUE(l.needs_fill());
+    // Another cast of the same source while it fills: served from the source.
+    Lease other = f.bal.acquire(f.req(m, 1));
+    EXPECT_FALSE(other);
+  }  // dropped without filled(): the fill failed
+  EXPECT_EQ(f.count(m, Subset::Weights), 0);
+  EXPECT_EQ(f.pool.stats().blocks.current, 0);
+}
+
+TEST(BalancerEviction, InFlightAndLeasedPinsAreSkipped) {
+  Fixture f(4);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(f.cast(f.req(m, i)));
+  std::atomic<bool> done{false};
+  void* newest = nullptr;
+  {
+    Lease l = f.bal.acquire(f.req(m, 2));
+    newest = l.data();
+    f.pool.record_fence(newest, std::make_shared<FakeFence>(&done));
+  }
+  Lease held = f.bal.acquire(f.req(m, 1));  // a lease out on pin 1
+  EXPECT_EQ(f.bal.free(U), U);
+  EXPECT_TRUE(f.has(m, 2, Subset::Weights)) << "a pin with a copy in flight was evicted";
+  EXPECT_TRUE(f.has(m, 1, Subset::Weights)) << "a leased pin was evicted";
+  EXPECT_FALSE(f.has(m, 0, Subset::Weights));
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).inflight_skips, 2);
+  done = true;
+  EXPECT_EQ(f.bal.free(U), U);
+  EXPECT_FALSE(f.has(m, 2, Subset::Weights));
+}
+
+TEST(BalancerEviction, ForgetFreesEverythingEvenWithALeaseOut) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(f.cast(f.req(m, i)));
+  {
+    Lease l = f.bal.acquire(f.req(m, 0));
+    f.bal.forget_model(m);
+    EXPECT_FALSE(f.bal.has_model(m));
+    EXPECT_EQ(f.pool.stats().blocks.current, 1) << "the leased block lives until the lease ends";
+  }
+  EXPECT_EQ(f.pool.stats().blocks.current, 0);
+  EXPECT_THROW(f.bal.acquire(f.req(m, 0)), ValueError);
+  EXPECT_THROW(f.bal.set_active(m, true), ValueError);
+  EXPECT_THROW(f.bal.mark_prompt({m}), ValueError);
+}
+
+TEST(BalancerBudget, RefusesWhenNothingCanGoAndCounts) {
+  Fixture f(1);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  f.bal.set_active(m, true);
+  f.bal.mark_prompt({m});
+  ASSERT_TRUE(f.cast(f.req(m, 1)));
+  EXPECT_FALSE(f.cast(f.req(m, 2)));
+  const auto stats = f.bal.stats();
+  auto get = [&](const std::string& k) {
+    for (auto& [n, v] : stats)
+      if (n == k) return v;
+    ADD_FAILURE() << "no stat " << k;
+    return int64_t{-1};
+  };
+  EXPECT_EQ(get("refusals"), 1);
+  EXPECT_EQ(get("pins"), 1);
+  EXPECT_EQ(get("pinned_bytes"), static_cast<int64_t>(U));
+  EXPECT_EQ(get("weights.bytes"), static_cast<int64_t>(U));
+  EXPECT_EQ(get("misses"), 2);
+}
+
+TEST(BalancerBudget, RelieveFreesHeadroomShortfall) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  for (uint64_t i = 0; i < 6; ++i) ASSERT_TRUE(f.cast(f.req(m, i)));
+  // available = 2 GiB + 2 U now; headroom is 4 GiB: nothing frees 2 GiB of shortfall...
+  EXPECT_EQ(f.bal.relieve(), 6 * U) << "everything evictable goes when the shortfall exceeds it";
+  f.probe.free_ = 8 * GiB;
+  for (uint64_t i = 0; i < 6; ++i) ASSERT_TRUE(f.cast(f.req(m, i)));
+  EXPECT_EQ(f.bal.relieve(), 0u) << "available above headroom: nothing to do";
+  f.probe.free_ = 4 * GiB + 6 * U - U;  // one unit short
+  EXPECT_EQ(f.bal.relieve(), U);
+}
+
+TEST(BalancerCeiling, DropsPageLocksAlongTheTiersKeepingMemory) {
+  Config c = base_config();
+  c.ceiling_max = 0.5;  // R = 1 GiB: ceiling 512 MiB = 8 pins
+  c.lock_hysteresis = 2 * U;
+  HostPool pool(make_null_backend(), pool_opts());
+  FakeProbe probe(pool, 1 * GiB, 64 * GiB);
+  Balancer bal(c, pool, probe);
+  const ModelId old_model = bal.register_model("old", "cuda:0");
+  const ModelId m = bal.register_model("m", "cuda:0");
+  auto cast = [&](ModelId id, uint64_t key) {
+    Request r;
+    r.model = id;
+    r.key = PinKey{key, 0, U};
+    r.bytes = U;
+    Lease l = bal.acquire(r);
+    ASSERT_TRUE(l);
+    l.filled();
+  };
+  for (uint64_t i = 0; i < 4; ++i) cast(old_model, i);
+  bal.mark_prompt({m});
+  for (uint64_t i = 10; i < 14; ++i) cast(m, i);
+  EXPECT_EQ(pool.stats().locked_bytes.current, static_cast<int64_t>(8 * U));
+  cast(m, 20);  // 9 pins > ceiling: drop to 8 - 2 - 1 = 5 locked before locking it
+  EXPECT_EQ(pool.stats().locked_bytes.current, static_cast<int64_t>(6 * U));
+  EXPECT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(9 * U)) << "memory is kept";
+  int unlocked_old = 0, unlocked_m = 0;
+  for (const auto& p : bal.pins()) {
+    if (!p.locked) (p.model == old_model ? unlocked_old : unlocked_m)++;
+  }
+  EXPECT_EQ(unlocked_old, 3) << "the out-of-prompt model loses its locks first";
+  EXPECT_EQ(unlocked_m, 0);
+  EXPECT_EQ(bal.subset_stats(old_model, Subset::Weights).lock_drops, 3);
+}
+
+// Note [Trace policy] on a small cyclic trace, against the hand-computed
+// farthest-next-use answer.
+TEST(BalancerPolicy, TraceEvictsFarthestNextUse) {
+  for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
+    Config c = base_config();
+    c.policy = policy;
+    Fixture f(3, c);  // room for three pins
+    const ModelId m = f.bal.register_model("m", "cuda:0");
+    auto run = [&](std::vector<uint64_t> keys) {
+      for (uint64_t k : keys) ASSERT_TRUE(f.cast(f.req(m, k)));
+    };
+    f.bal.mark_prompt({m});
+    run({1, 2, 3, 4});  // prompt 1: no record yet, so mru: 3 goes for 4
+    EXPECT_FALSE(f.has(m, 3, Subset::Weights));
+    f.bal.end_prompt();
+    f.bal.mark_prompt({m});
+    run({1, 2});  // hits; cursor at 2 in the record [1 2 3 4]
+    run({3});     // next uses from cursor 2: 1 -> 2 (next prompt), 2 -> 3, 4 -> 1: trace evicts 2
+    SCOPED_TRACE(to_string(policy));
+    if (policy == PolicyKind::Trace) {
+      EXPECT_FALSE(f.has(m, 2, Subset::Weights));
+      EXPECT_TRUE(f.has(m, 4, Subset::Weights));
+      EXPECT_TRUE(f.has(m, 1, Subset::Weights));
+    } else {
+      EXPECT_FALSE(f.has(m, 4, Subset::Weights)) << "mru: the newest pin goes";
+    }
+    const SubsetStats before = f.bal.subset_stats(m, Subset::Weights);
+    run({4});
+    const SubsetStats after = f.bal.subset_stats(m, Subset::Weights);
+    EXPECT_EQ(after.hits - before.hits, policy == PolicyKind::Trace ? 1 : 0);
+  }
+}
+
+TEST(BalancerPolicy, TraceFallsBackToMruWhenThePromptDeparts) {
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(3, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  for (uint64_t k : {1, 2, 3}) ASSERT_TRUE(f.cast(f.req(m, k)));
+  f.bal.end_prompt();
+  for (uint64_t k : {7, 8}) ASSERT_TRUE(f.cast(f.req(m, k)));  // departs from [1 2 3]
+  // mru: the newest pins go first, 7 for 8.
+  EXPECT_FALSE(f.has(m, 7, Subset::Weights));
+  EXPECT_TRUE(f.has(m, 1, Subset::Weights));
+  bool departed = false;
+  for (auto& [k, v] : f.bal.stats()) departed |= (k == "trace_departures" && v == 1);
+  EXPECT_TRUE(departed);
+}
+
+// Note [Trace policy]: a pin that the last prompt did not use goes before one it
+// did, even when the older record used it first (a seed change after a full run).
+TEST(BalancerPolicy, TracePredictsTheNextPromptFromTheLastOne) {
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(3, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  auto run = [&](std::vector<uint64_t> keys) { f.prompt(m, keys); };
+  run({1, 2, 3, 4});  // 1: the text encoder; no record yet: mru drops 3 for 4
+  run({2, 3, 4});     // a new seed: the encoder's output is cached
+  EXPECT_FALSE(f.has(m, 1, Subset::Weights)) << "the encoder, absent from the last prompt, goes first";
+  EXPECT_TRUE(f.has(m, 2, Subset::Weights));
+  const SubsetStats before = f.bal.subset_stats(m, Subset::Weights);
+  run({2, 3, 4});
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).hits - before.hits, 3);
+}
+
+// Note [Trace policy]: with two workflows alternating, the record of the
+// workflow now running predicts its accesses, and the other one, which followed
+// it last time, predicts what comes after.
+TEST(BalancerPolicy, TraceFollowsAlternatingWorkflows) {
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(2, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  auto run = [&](std::vector<uint64_t> keys) { f.prompt(m, keys); };
+  run({1, 2});  // workflow A
+  run({3, 4});  // workflow B: departs from A's record, mru
+  run({1, 2});  // A again: follows A's record; B came after it last time
+  EXPECT_TRUE(f.has(m, 4, Subset::Weights)) << "B's pin is kept for the next prompt";
+  EXPECT_FALSE(f.has(m, 1, Subset::Weights));
+  const SubsetStats before = f.bal.subset_stats(m, Subset::Weights);
+  run({3, 4});
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).hits - before.hits, 1);
+}
+
+// A LoRA swap changes the patch tensors, not the order of the weights: the
+// prompt keeps following the record.
+TEST(BalancerPolicy, TraceSkipsPatchesOfAnotherSignature) {
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(8, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  for (int64_t sig : {11, 12}) {
+    f.bal.mark_prompt({m});
+    ASSERT_TRUE(f.cast(f.req(m, 1)));
+    Request p = f.req(m, 100 + sig, Kind::Patches, false, 1 * MiB);
+    p.signature = sig;
+    ASSERT_TRUE(f.cast(p));
+    ASSERT_TRUE(f.cast(f.req(m, 2)));
+    f.bal.end_prompt();
+  }
+  for (auto& [k, v] : f.bal.stats())
+    if (k == "trace_departures") EXPECT_EQ(v, 0);
+}
+
+int64_t stat_of(const Balancer& b, const std::string& key) {
+  for (const auto& [k, v] : b.stats())
+    if (k == key) return v;
+  ADD_FAILURE() << "no stat " << key;
+  return -1;
+}
+
+// Records stay bounded: other policies keep none, and a prompt past the limit
+// (or a process that never ends one) keeps none either.
+TEST(BalancerPolicy, TraceRecordsAreBounded) {
+  Fixture mru(8);
+  const ModelId a = mru.bal.register_model("a", "cuda:0");
+  mru.prompt(a, {1, 2, 3});
+  EXPECT_EQ(stat_of(mru.bal, "trace_records"), 0) << "mru needs no record";
+
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(8, c);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  f.prompt(m, {1, 2, 3});
+  EXPECT_EQ(stat_of(f.bal, "trace_records"), 1);
+  f.bal.mark_prompt({m});
+  for (size_t i = 0; i < (size_t{1} << 20) + 10; ++i) ASSERT_TRUE(f.cast(f.req(m, 1 + i % 3)));
+  f.bal.end_prompt();
+  EXPECT_EQ(stat_of(f.bal, "trace_records"), 1) << "a prompt past the limit left a record";
+  f.prompt(m, {1, 2, 3});
+  EXPECT_EQ(stat_of(f.bal, "trace_records"), 2) << "recording resumes after the boundary";
+}
+
+// Eight threads cast, evict and cross prompt boundaries over three models with
+// room for a fraction of their pins; every hit must read its own source's bytes.
+TEST(BalancerConcurrency, StressKeepsContentsAndAccounts) {
+  HostPool pool(make_cpu_backend(false), pool_opts());
+  Config c = base_config();
+  c.headroom = 2 * MiB;
+  c.pin_reserve = 1 * MiB;
+  FakeProbe probe(pool, 64 * GiB, 1 * MiB + 24 * MiB);  // room for ~24 pins of 1 MiB
+  Balancer bal(c, pool, probe);
+  std::vector<ModelId> models;
+  for (int i = 0; i < 3; ++i) models.push_back(bal.register_model("m" + std::to_string(i), "cuda:0"));
+  const unsigned seed = std::random_device{}();
+  std::printf("BalancerConcurrency.StressKeepsContentsAndAccounts seed=%u\n", seed);
+  std::atomic<int> bad{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed + t);
+      for (int i = 0; i < 1500; ++i) {
+        const ModelId m = models[rng() % models.size()];
+        const uint64_t key = rng() % 20;
+        const uint64_t bytes = 256 * KiB + (key % 4) * 256 * KiB;
+        const unsigned char pattern = static_cast<unsigned char>(m * 41 + key * 7 + 1);
+        const int op = static_cast<int>(rng() % 100);
+        if (op < 85) {
+          Request r;
+          r.model = m;
+          r.key = PinKey{key, 0, bytes};
+          r.bytes = bytes;
+          r.resident = rng() % 2;
+          Lease l = bal.acquire(r);
+          if (!l) continue;
+          auto* p = static_cast<unsigned char*>(l.data());
+          if (l.needs_fill()) {
+            std::memset(p, pattern, bytes);
+            l.filled();
+          } else {
+            hits++;
+            if (p[0] != pattern || p[bytes / 2] != pattern || p[bytes - 1] != pattern) bad++;
+          }
+        } else if (op < 92) {
+          bal.free(1 * MiB, rng() % 2);
+        } else if (op < 96) {
+          bal.mark_prompt({m});
+          bal.set_active(m, rng() % 2);
+        } else {
+          bal.end_prompt();
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+  int64_t pinned = 0;
+  for (auto& [k, v] : bal.stats())
+    if (k == "pinned_bytes") pinned = v;
+  EXPECT_EQ(pinned, pool.stats().requested_bytes.current) << "every pool block is a pin and vice versa";
+}
+
+}  // namespace
+}  // namespace pins

@@ -1,0 +1,388 @@
+#include "csrc/system/sysmem.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/csrc/system/fixture_root.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include "csrc/base/check.h"
+
+namespace pins {
+namespace {
+
+namespace fs = std::filesystem;
+
+using testing::FixtureRoot;
+
+// A meminfo in the kernel's layout; the values are in GiB. SwapCached and the
+// unit-less HugePages lines are there to catch sloppy key matching.
+std::string meminfo(uint64_t total_gib, uint64_t avail_gib, uint64_t swap_total_gib = 0,
+                    uint64_t swap_free_gib = 0) {
+  const auto kb = [](uint64_t gib) { return std::to_string(gib * GiB / KiB); };
+  return "MemTotal:       " + kb(total_gib) + " kB\n" +
+         "MemFree:        1234 kB\n"
+         "MemAvailable:   " + kb(avail_gib) + " kB\n" +
+         "Cached:         5678 kB\n"
+         "SwapCached:     999 kB\n"
+         "SwapTotal:      " + kb(swap_total_gib) + " kB\n" +
+         "SwapFree:       " + kb(swap_free_gib) + " kB\n" +
+         "HugePages_Total:       0\n"
+         "Hugepagesize:       2048 kB\n";
+}
+
+std::string bytes(uint64_t n) { return std::to_string(n) + "\n"; }
+
+MemoryInfo probe(const FixtureRoot& root) { return SystemMemoryProbe(root.path()).read(); }
+
+// ---------------------------------------------------------------- meminfo
+
+TEST(SystemMemoryProbe, PlainHostReadsMeminfoInBytes) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20, 8, 6));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 32 * GiB);
+  EXPECT_EQ(m.available, 20 * GiB);
+  EXPECT_EQ(m.swap_total, 8 * GiB);
+  EXPECT_EQ(m.swap_free, 6 * GiB);
+  EXPECT_FALSE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, V2RootCgroupWithoutLimitFilesIsUnlimited) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/\n");
+  root.write("sys/fs/cgroup/memory.current", bytes(31 * GiB));  // no memory.max next to it
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 32 * GiB);
+  EXPECT_EQ(m.available, 20 * GiB);
+  EXPECT_FALSE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, MissingMeminfoNamesThePath) {
+  FixtureRoot root;
+  try {
+    probe(root);
+    FAIL() << "expected ResourceError";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find(root.file("proc/meminfo")), std::string::npos) << e.what();
+  }
+}
+
+TEST(SystemMemoryProbe, MalformedMeminfoNamesFileAndContent) {
+  FixtureRoot root;
+  root.write("proc/meminfo", "MemTotal:       12x4 kB\nMemAvailable:   100 kB\n");
+  try {
+    probe(root);
+    FAIL() << "expected ResourceError";
+  } catch (const ResourceError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(root.file("proc/meminfo")), std::string::npos) << msg;
+    EXPECT_NE(msg.find("12x4"), std::string::npos) << msg;
+  }
+}
+
+TEST(SystemMemoryProbe, MeminfoWithoutMemAvailableIsAnError) {
+  FixtureRoot root;
+  root.write("proc/meminfo", "MemTotal:       1000 kB\nMemFree:   100 kB\n");
+  try {
+    probe(root);
+    FAIL() << "expected ResourceError";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("MemAvailable"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- cgroup v2
+
+TEST(SystemMemoryProbe, V2LimitBelowMemTotalBoundsTotalAndAvailable) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/user.slice/job\n");
+  root.write("sys/fs/cgroup/user.slice/job/memory.max", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/user.slice/job/memory.current", bytes(6 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 8 * GiB);
+  EXPECT_EQ(m.available, 2 * GiB);
+  EXPECT_TRUE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, InactiveFileCacheCountsAsAvailable) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/job\n");
+  root.write("sys/fs/cgroup/job/memory.max", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/job/memory.current", bytes(7 * GiB));
+  root.write("sys/fs/cgroup/job/memory.stat", "anon 3221225472\nfile 4294967296\nactive_file 1073741824\n"
+                                              "inactive_file 3221225472\nslab 1\n");
+  EXPECT_EQ(probe(root).available, 4 * GiB) << "8 - (7 - 3 inactive file)";
+  root.write("sys/fs/cgroup/job/memory.stat", "anon 1\ninactive_file x\n");
+  EXPECT_THROW(probe(root), ResourceError);
+}
+
+TEST(SystemMemoryProbe, V1InactiveFileCacheCountsAsAvailable) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "4:memory:/job\n0::/\n");
+  root.write("sys/fs/cgroup/memory/job/memory.limit_in_bytes", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/memory/job/memory.usage_in_bytes", bytes(7 * GiB));
+  root.write("sys/fs/cgroup/memory/job/memory.stat", "inactive_file 99\ntotal_inactive_file 2147483648\n");
+  EXPECT_EQ(probe(root).available, 3 * GiB);
+}
+
+TEST(SystemMemoryProbe, V2NestedParentTighterThanChild) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/a/b\n");
+  root.write("sys/fs/cgroup/a/memory.max", bytes(4 * GiB));
+  root.write("sys/fs/cgroup/a/memory.current", bytes(3 * GiB));  // the parent counts its other children
+  root.write("sys/fs/cgroup/a/b/memory.max", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/a/b/memory.current", bytes(1 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 4 * GiB);
+  EXPECT_EQ(m.available, 1 * GiB);
+  EXPECT_TRUE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, V2ChildRoomTighterThanParentRoom) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/a/b\n");
+  root.write("sys/fs/cgroup/a/memory.max", bytes(16 * GiB));
+  root.write("sys/fs/cgroup/a/memory.current", bytes(7 * GiB));
+  root.write("sys/fs/cgroup/a/b/memory.max", bytes(6 * GiB));
+  root.write("sys/fs/cgroup/a/b/memory.current", bytes(5 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 6 * GiB);
+  EXPECT_EQ(m.available, 1 * GiB);
+}
+
+TEST(SystemMemoryProbe, V2MaxMeansNoLimit) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/job\n");
+  root.write("sys/fs/cgroup/job/memory.max", "max\n");
+  root.write("sys/fs/cgroup/job/memory.current", bytes(30 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 32 * GiB);
+  EXPECT_EQ(m.available, 20 * GiB);
+  EXPECT_FALSE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, V2LimitAboveMemTotalStillBoundsAvailable) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/job\n");
+  root.write("sys/fs/cgroup/job/memory.max", bytes(64 * GiB));
+  root.write("sys/fs/cgroup/job/memory.current", bytes(61 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 32 * GiB);
+  EXPECT_EQ(m.available, 3 * GiB);
+  EXPECT_FALSE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, V2UsageAboveLimitSaturatesAtZero) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/job\n");
+  root.write("sys/fs/cgroup/job/memory.max", bytes(4 * GiB));
+  root.write("sys/fs/cgroup/job/memory.current", bytes(4 * GiB + 4096));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 4 * GiB);
+  EXPECT_EQ(m.available, 0u);
+}
+
+TEST(SystemMemoryProbe, V2SwapMaxBoundsSwap) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20, 16, 10));
+  root.write("proc/self/cgroup", "0::/a/b\n");
+  root.write("sys/fs/cgroup/a/memory.swap.max", "max\n");
+  root.write("sys/fs/cgroup/a/b/memory.swap.max", bytes(4 * GiB));
+  root.write("sys/fs/cgroup/a/b/memory.swap.current", bytes(1 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.swap_total, 4 * GiB);
+  EXPECT_EQ(m.swap_free, 3 * GiB);
+  EXPECT_EQ(m.total, 32 * GiB);  // no memory.max anywhere
+  EXPECT_FALSE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, V2SwapMaxZeroMeansNoSwap) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20, 16, 10));
+  root.write("proc/self/cgroup", "0::/job\n");
+  root.write("sys/fs/cgroup/job/memory.swap.max", "0\n");
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.swap_total, 0u);
+  EXPECT_EQ(m.swap_free, 0u);
+}
+
+TEST(SystemMemoryProbe, V2MalformedLimitNamesFileAndContent) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/job\n");
+  root.write("sys/fs/cgroup/job/memory.max", "12G\n");
+  try {
+    probe(root);
+    FAIL() << "expected ResourceError";
+  } catch (const ResourceError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(root.file("sys/fs/cgroup/job/memory.max")), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'12G'"), std::string::npos) << msg;
+  }
+}
+
+TEST(SystemMemoryProbe, V2MissingLeafFallsBackToHierarchyRoot) {
+  // A container that mounts its own cgroup at /sys/fs/cgroup but shows the
+  // host's path in /proc/self/cgroup.
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/system.slice/docker-abc.scope\n");
+  root.write("sys/fs/cgroup/memory.max", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/memory.current", bytes(2 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 8 * GiB);
+  EXPECT_EQ(m.available, 6 * GiB);
+}
+
+TEST(SystemMemoryProbe, CachesTheCgroupPathButRereadsItsFiles) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "0::/job\n");
+  root.write("sys/fs/cgroup/job/memory.max", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/other/memory.max", bytes(2 * GiB));
+  SystemMemoryProbe p(root.path());
+  EXPECT_EQ(p.read().total, 8 * GiB);
+  root.write("proc/self/cgroup", "0::/other\n");  // not looked at again
+  root.write("sys/fs/cgroup/job/memory.max", bytes(6 * GiB));
+  root.write("proc/meminfo", meminfo(32, 5));
+  const MemoryInfo m = p.read();
+  EXPECT_EQ(m.total, 6 * GiB);
+  EXPECT_EQ(m.available, 5 * GiB);
+}
+
+// ---------------------------------------------------------------- cgroup v1
+
+TEST(SystemMemoryProbe, V1LimitAndUsage) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n");
+  root.write("sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", bytes(5 * GiB));
+  // A hybrid system's v2 root: the memory controller is on v1, so this is ignored.
+  root.write("sys/fs/cgroup/memory.max", bytes(1 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 8 * GiB);
+  EXPECT_EQ(m.available, 3 * GiB);
+  EXPECT_TRUE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, V1MissingPathFallsBackToControllerRoot) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "4:memory:/docker/abc\n");
+  root.write("sys/fs/cgroup/memory/memory.limit_in_bytes", bytes(8 * GiB));
+  root.write("sys/fs/cgroup/memory/memory.usage_in_bytes", bytes(7 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 8 * GiB);
+  EXPECT_EQ(m.available, 1 * GiB);
+}
+
+TEST(SystemMemoryProbe, V1UnlimitedValueIsNoLimit) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "4:memory:/docker/abc\n");
+  root.write("sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n");
+  root.write("sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", bytes(31 * GiB));
+  const MemoryInfo m = probe(root);
+  EXPECT_EQ(m.total, 32 * GiB);
+  EXPECT_EQ(m.available, 20 * GiB);
+  EXPECT_FALSE(m.cgroup_limited);
+}
+
+TEST(SystemMemoryProbe, V1MaxIsNotAcceptedAsANumber) {
+  FixtureRoot root;
+  root.write("proc/meminfo", meminfo(32, 20));
+  root.write("proc/self/cgroup", "4:memory:/\n");
+  root.write("sys/fs/cgroup/memory/memory.limit_in_bytes", "max\n");
+  EXPECT_THROW(probe(root), ResourceError);
+}
+
+TEST(SystemMemoryProbe, ThisMachineIsConsistent) {
+  if (!fs::exists("/proc/meminfo")) GTEST_SKIP() << "no /proc/meminfo on this system";
+  SystemMemoryProbe p;
+  const MemoryInfo m = p.read();
+  EXPECT_GT(m.total, 0u);
+  EXPECT_GT(m.available, 0u);
+  EXPECT_LE(m.available, m.total);
+  EXPECT_LE(m.swap_free, m.swap_total);
+  const uint64_t ceiling = pin_ceiling(m, Config{});
+  EXPECT_GT(ceiling, 0u);
+  EXPECT_LE(ceiling, m.total);
+}
+
+// ---------------------------------------------------------------- pin_ceiling
+
+MemoryInfo ram(uint64_t total, uint64_t swap) {
+  MemoryInfo m;
+  m.total = total;
+  m.available = total;
+  m.swap_total = swap;
+  m.swap_free = swap;
+  return m;
+}
+
+// Default config: max(0.40 R, min(0.90 R, R - 4 GiB, R + swap - 16 GiB)).
+TEST(PinCeiling, SwapReserveWins) {
+  // R=32 GiB, no swap: max(12.8, min(28.8, 28, 16)) = 16 GiB.
+  EXPECT_EQ(pin_ceiling(ram(32 * GiB, 0), Config{}), 16 * GiB);
+  // 8 GiB swap: max(12.8, min(28.8, 28, 24)) = 24 GiB.
+  EXPECT_EQ(pin_ceiling(ram(32 * GiB, 8 * GiB), Config{}), 24 * GiB);
+}
+
+TEST(PinCeiling, FixedReserveWins) {
+  // R=32 GiB, 32 GiB swap: max(12.8, min(28.8, 28, 48)) = 28 GiB.
+  EXPECT_EQ(pin_ceiling(ram(32 * GiB, 32 * GiB), Config{}), 28 * GiB);
+}
+
+TEST(PinCeiling, FractionOfRamWins) {
+  // R=64 GiB, 64 GiB swap: max(25.6, min(57.6, 60, 112)) = 57.6 GiB, floored.
+  EXPECT_EQ(pin_ceiling(ram(64 * GiB, 64 * GiB), Config{}), 61847529062u);  // 0.9 * 68719476736
+}
+
+TEST(PinCeiling, FloorWinsWhenTheReservesLeaveLittle) {
+  // R=16 GiB, no swap: max(6.4, min(14.4, 12, 0)) = 6.4 GiB = 6871947673.6 bytes.
+  EXPECT_EQ(pin_ceiling(ram(16 * GiB, 0), Config{}), 6871947673u);
+  // R=8 GiB: R + swap - 16 GiB is below zero; max(3.2, min(7.2, 4, 0)) = 3.2 GiB.
+  EXPECT_EQ(pin_ceiling(ram(8 * GiB, 0), Config{}), 3435973836u);
+  // R=2 GiB: R - 4 GiB is below zero too.
+  EXPECT_EQ(pin_ceiling(ram(2 * GiB, 0), Config{}), 858993459u);
+}
+
+TEST(PinCeiling, SubtractionsSaturate) {
+  Config c;
+  c.ceiling_min = 0;
+  EXPECT_EQ(pin_ceiling(ram(8 * GiB, 0), c), 0u);
+  EXPECT_EQ(pin_ceiling(ram(0, 0), Config{}), 0u);
+  // R + swap does not wrap: max(12.8, min(28.8, 28, huge)) = 28 GiB.
+  EXPECT_EQ(pin_ceiling(ram(32 * GiB, std::numeric_limits<uint64_t>::max()), Config{}), 28 * GiB);
+}
+
+TEST(PinCeiling, FollowsTheConfig) {
+  Config c;
+  c.ceiling_min = 0.5;
+  c.ceiling_max = 0.75;
+  c.ceiling_reserve = 1 * GiB;
+  c.ceiling_swap_reserve = 0;
+  // R=16 GiB, no swap: max(8, min(12, 15, 16)) = 12 GiB.
+  EXPECT_EQ(pin_ceiling(ram(16 * GiB, 0), c), 12 * GiB);
+  c.ceiling_max = 1.0;
+  c.ceiling_reserve = 0;
+  EXPECT_EQ(pin_ceiling(ram(16 * GiB, 0), c), 16 * GiB);  // never above R
+}
+
+}  // namespace
+}  // namespace pins
