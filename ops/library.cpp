@@ -4,7 +4,7 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(pins, m) {
-  // Fake (meta) kernels live in Python (python_bindings/pins/_fake.py): torch
+  // Fake (meta) kernels live in Python (python_bindings/torch_pins/_fake.py): torch
   // imports that module when tracing needs them.
-  m.set_python_module("pins._fake");
+  m.set_python_module("torch_pins._fake");
 }

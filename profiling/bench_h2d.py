@@ -49,7 +49,7 @@ def main():
         print("bench_h2d: no CUDA device here; nothing measured")
         return 0
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python_bindings"))
-    import pins
+    import torch_pins as pins
 
     numels = sizes_of(a.model, a.tensors)
     srcs = [torch.randn(n, dtype=torch.float32).to(torch.bfloat16) for n in numels]

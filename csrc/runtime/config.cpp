@@ -7,6 +7,8 @@
 #include <map>
 
 #include "csrc/base/check.h"
+#include "csrc/base/size.h"
+#include "csrc/base/text.h"
 
 namespace pins {
 
@@ -31,16 +33,11 @@ const char* to_string(PolicyKind k) {
 
 namespace {
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
+uint64_t size_value(std::string_view v, std::string_view key) {
+  const std::optional<uint64_t> n = parse_size(v);
+  PINS_CHECK_VALUE(n.has_value(), "PINS_CONF key '", key,
+                   "' expects a byte size such as 4096, 512M or 4GiB (Note [Size syntax]), got '", v, "'");
+  return *n;
 }
 
 bool parse_bool(std::string_view v, std::string_view key) {
@@ -76,7 +73,7 @@ const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> m = [] {
     std::map<std::string, Setter> s;
     auto size = [](uint64_t Config::*f) {
-      return Setter([f](Config& c, std::string_view v, std::string_view k) { c.*f = parse_size(v, k); });
+      return Setter([f](Config& c, std::string_view v, std::string_view k) { c.*f = size_value(v, k); });
     };
     auto boolean = [](bool Config::*f) {
       return Setter([f](Config& c, std::string_view v, std::string_view k) { c.*f = parse_bool(v, k); });
@@ -89,13 +86,13 @@ const std::map<std::string, Setter>& setters() {
                                                  {"cpu", BackendKind::Cpu}, {"null", BackendKind::Null}});
     };
     s["segment_size"] = [](Config& c, std::string_view v, std::string_view k) {
-      const uint64_t n = parse_size(v, k);
+      const uint64_t n = size_value(v, k);
       PINS_CHECK_VALUE(n >= 64 * KiB, "PINS_CONF key 'segment_size' must be at least 64KiB, got '", v, "'");
       c.segment_size = n;
     };
     s["extent_min"] = size(&Config::extent_min);
     s["alignment"] = [](Config& c, std::string_view v, std::string_view k) {
-      const uint64_t n = parse_size(v, k);
+      const uint64_t n = size_value(v, k);
       PINS_CHECK_VALUE(n >= 1 && n <= 4096 && (n & (n - 1)) == 0,
                        "PINS_CONF key 'alignment' must be a power of two from 1 to 4096, got '", v, "'");
       c.alignment = n;
@@ -119,7 +116,7 @@ const std::map<std::string, Setter>& setters() {
     s["lock_hysteresis"] = size(&Config::lock_hysteresis);
     s["monitor"] = boolean(&Config::monitor);
     s["monitor_interval_ms"] = [](Config& c, std::string_view v, std::string_view k) {
-      const uint64_t n = parse_size(v, k);
+      const uint64_t n = size_value(v, k);
       PINS_CHECK_VALUE(n >= 1 && n <= 60000, "PINS_CONF key 'monitor_interval_ms' must be 1..60000, got '", v, "'");
       c.monitor_interval_ms = n;
     };
@@ -138,27 +135,6 @@ const std::vector<std::string>& config_keys() {
     return k;
   }();
   return keys;
-}
-
-uint64_t parse_size(std::string_view text, std::string_view what) {
-  const std::string_view t = trim(text);
-  uint64_t n = 0;
-  const auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
-  const auto bad = [&] {
-    return ValueError(detail::cat("PINS_CONF key '", what,
-                                  "' expects a byte size such as 4096, 512M or 4GiB, got '", text, "'"));
-  };
-  if (ec != std::errc() || p == t.data()) throw bad();
-  const std::string unit = lower(std::string_view(p, t.data() + t.size() - p));
-  uint64_t mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") mult = KiB;
-  else if (unit == "m" || unit == "mb" || unit == "mib") mult = MiB;
-  else if (unit == "g" || unit == "gb" || unit == "gib") mult = GiB;
-  else if (unit == "t" || unit == "tb" || unit == "tib") mult = 1024 * GiB;
-  else throw bad();
-  if (n != 0 && mult > UINT64_MAX / n) throw bad();
-  return n * mult;
 }
 
 Config parse_config(std::string_view text, Config base) {

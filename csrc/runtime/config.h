@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "csrc/base/size.h"
+
 namespace pins {
 
 enum class BackendKind { Auto, Cuda, Cpu, Null };
@@ -15,10 +17,6 @@ enum class PolicyKind { Mru, Lru, Trace };
 
 const char* to_string(BackendKind k);
 const char* to_string(PolicyKind k);
-
-constexpr uint64_t KiB = 1ull << 10;
-constexpr uint64_t MiB = 1ull << 20;
-constexpr uint64_t GiB = 1ull << 30;
 
 struct Config {
   // --- host pool (csrc/pool/) ---
@@ -55,8 +53,5 @@ Config config_from_env();
 
 // The closed set of keys, for error messages and documentation.
 const std::vector<std::string>& config_keys();
-
-// "4G", "512MiB", "1024" -> bytes; throws pins::ValueError naming `what`.
-uint64_t parse_size(std::string_view text, std::string_view what);
 
 }  // namespace pins

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "csrc/base/check.h"
+#include "csrc/base/text.h"
 
 namespace pins {
 namespace {
@@ -48,13 +49,6 @@ int read_small_file(const std::string& path, std::string& out) {
   }
   ::close(fd);
   return err;
-}
-
-std::string_view trim(std::string_view s) {
-  const auto ws = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
-  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
-  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
-  return s;
 }
 
 std::optional<uint64_t> to_u64(std::string_view s) {

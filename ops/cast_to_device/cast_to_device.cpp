@@ -147,7 +147,7 @@ TORCH_LIBRARY_FRAGMENT(pins, m) {
 
 // One kernel for every backend: the source's device is checked in the kernel,
 // so a wrong-device source gets an error naming it instead of a missing-kernel
-// error. The fake kernel for tracing is in python_bindings/pins/_fake.py.
+// error. The fake kernel for tracing is in python_bindings/torch_pins/_fake.py.
 TORCH_LIBRARY_IMPL(pins, CompositeExplicitAutograd, m) {
   m.impl("cast_to_device", &pins::ops::cast_to_device_kernel);
 }

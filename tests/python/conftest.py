@@ -12,7 +12,7 @@ DEFAULTS = "policy:mru,fast_disk:false,headroom:4G,pin_reserve:2G,cap:0"
 @pytest.fixture
 def pins():
     """The pins package with default settings restored around each test."""
-    import pins as p
+    import torch_pins as p
 
     p.configure(DEFAULTS)
     yield p

@@ -20,7 +20,7 @@ def test_a_library_built_for_another_torch_is_refused_with_a_clear_error(tmp_pat
     lib = tmp_path / "libpins.so"
     shutil.copy(LIB, lib)
     (tmp_path / "libpins.so.torch").write_text("1.0.0\n")
-    code = "import pins"
+    code = "import torch_pins"
     env = dict(os.environ, PINS_LIBRARY=str(lib), PYTHONPATH=os.path.join(ROOT, "python_bindings"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode != 0

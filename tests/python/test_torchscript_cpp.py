@@ -24,7 +24,7 @@ class Caster(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
-    import pins  # noqa: F401  (loads the library, so the op resolves while scripting)
+    import torch_pins as pins  # noqa: F401  (loads the library, so the op resolves while scripting)
 
     path = str(tmp_path_factory.mktemp("ts") / "caster.pt")
     torch.jit.script(Caster()).save(path)
@@ -33,7 +33,8 @@ def scripted(tmp_path_factory):
 
 def test_torchscript_round_trip_in_a_fresh_process(scripted):
     code = f"""
-import torch, pins
+import torch
+import torch_pins as pins
 m = torch.jit.load({scripted!r})
 model = pins.register_model("ts", "cpu")
 x = torch.randn(3, 16)
@@ -70,5 +71,5 @@ def test_package_builds_a_wheel_with_the_library(tmp_path):
     wheels = [f for f in os.listdir(tmp_path) if f.endswith(".whl")]
     assert len(wheels) == 1
     names = zipfile.ZipFile(tmp_path / wheels[0]).namelist()
-    assert "pins/__init__.py" in names and "pins/_fake.py" in names
-    assert "pins/_lib/libpins.so" in names and "pins/_lib/libpins.so.torch" in names
+    assert "torch_pins/__init__.py" in names and "torch_pins/_fake.py" in names
+    assert "torch_pins/_lib/libpins.so" in names and "torch_pins/_lib/libpins.so.torch" in names

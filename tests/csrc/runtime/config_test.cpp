@@ -59,14 +59,27 @@ TEST(Config, LaterKeysOverrideAndBaseIsKept) {
 }
 
 TEST(Config, SizeSuffixes) {
-  EXPECT_EQ(parse_size("4096", "x"), 4096u);
-  EXPECT_EQ(parse_size("4k", "x"), 4 * KiB);
-  EXPECT_EQ(parse_size("3MiB", "x"), 3 * MiB);
-  EXPECT_EQ(parse_size("2GB", "x"), 2 * GiB);
-  EXPECT_EQ(parse_size("1T", "x"), 1024 * GiB);
-  EXPECT_THROW(parse_size("-1", "x"), ValueError);
-  EXPECT_THROW(parse_size("99999999999999999999", "x"), ValueError);
-  EXPECT_THROW(parse_size("16EiB", "x"), ValueError);
+  // Note [Size syntax]: bare and IEC units are binary, SI units decimal.
+  EXPECT_EQ(parse_size("4096"), 4096u);
+  EXPECT_EQ(parse_size(" 4096 B "), 4096u);
+  EXPECT_EQ(parse_size("4k"), 4 * KiB);
+  EXPECT_EQ(parse_size("3MiB"), 3 * MiB);
+  EXPECT_EQ(parse_size("2G"), 2 * GiB);
+  EXPECT_EQ(parse_size("2GB"), 2000000000u);
+  EXPECT_EQ(parse_size("2.5GB"), 2500000000u);
+  EXPECT_EQ(parse_size("1.5 GiB"), 3 * GiB / 2);
+  EXPECT_EQ(parse_size("1T"), TiB);
+  EXPECT_EQ(parse_size("1TB"), 1000000000000u);
+  EXPECT_EQ(parse_size("18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(parse_size("-1"), std::nullopt);
+  EXPECT_EQ(parse_size(""), std::nullopt);
+  EXPECT_EQ(parse_size("G"), std::nullopt);
+  EXPECT_EQ(parse_size("99999999999999999999"), std::nullopt);
+  EXPECT_EQ(parse_size("16777216T"), std::nullopt);
+  EXPECT_EQ(parse_size("1e30"), std::nullopt);
+  EXPECT_EQ(parse_size("16EiB"), std::nullopt);
+  EXPECT_EQ(parse_size("2.5.1G"), std::nullopt);
+  EXPECT_THROW(parse_config("headroom:4X"), ValueError);
 }
 
 // Every configuration error names the key and the value it got.

@@ -1,7 +1,7 @@
 """Fake (meta) kernels of the pins ops, for torch.compile and FakeTensor tracing.
 
 torch imports this module by name when tracing needs a fake kernel
-(``m.set_python_module("pins._fake")`` in ops/library.cpp)."""
+(``m.set_python_module("torch_pins._fake")`` in ops/library.cpp)."""
 import torch
 
 from . import _library

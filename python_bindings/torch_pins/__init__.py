@@ -2,7 +2,7 @@
 
 Load the library and use the ops::
 
-    import pins
+    import torch_pins as pins
     unet = pins.register_model("unet", "cuda:0")
     with pins.prompt([unet]):
         w = pins.cast_to_device(weight, "cuda:0", model=unet, non_blocking=True)

@@ -1,0 +1,64 @@
+// Lock annotations: Clang's thread-safety analysis (-Wthread-safety) checks
+// them; every other compiler sees nothing.
+//
+// Note [Lock order]
+// pins has three levels of locks, always taken in this order and never the
+// reverse:
+//   1. Runtime::mu_   (csrc/runtime/runtime.h)   the configuration and the monitor
+//   2. Balancer::mu_  (csrc/balancer/balancer.h) the registry, pins and counters
+//   3. HostPool::mu_  (csrc/pool/pool.h)         segments, extents and blocks
+// A lower level may be taken while a higher one is held, for short
+// non-blocking work only. No thread is joined, no driver call, fence query,
+// allocation from the OS or /proc read is made while any of them is held.
+#pragma once
+
+#include <mutex>
+
+#if defined(__clang__)
+#define PINS_THREAD_ANNOTATION(x) __attribute__((x))
+#else
+#define PINS_THREAD_ANNOTATION(x)
+#endif
+
+// A type that is a lock.
+#define PINS_CAPABILITY(name) PINS_THREAD_ANNOTATION(capability(name))
+#define PINS_SCOPED_CAPABILITY PINS_THREAD_ANNOTATION(scoped_lockable)
+// A field read or written only with `mu` held.
+#define PINS_GUARDED_BY(mu) PINS_THREAD_ANNOTATION(guarded_by(mu))
+// A pointer whose target is read or written only with `mu` held.
+#define PINS_PT_GUARDED_BY(mu) PINS_THREAD_ANNOTATION(pt_guarded_by(mu))
+// A function its caller calls with `mu` held.
+#define PINS_REQUIRES(...) PINS_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
+// A function its caller calls without `mu` held (it takes it).
+#define PINS_EXCLUDES(...) PINS_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
+#define PINS_ACQUIRE(...) PINS_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
+#define PINS_RELEASE(...) PINS_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define PINS_RETURN_CAPABILITY(x) PINS_THREAD_ANNOTATION(lock_returned(x))
+#define PINS_NO_THREAD_SAFETY_ANALYSIS PINS_THREAD_ANNOTATION(no_thread_safety_analysis)
+
+namespace pins {
+
+// std::mutex with the annotations the analysis needs (libstdc++'s has none).
+class PINS_CAPABILITY("mutex") Mutex {
+ public:
+  void lock() PINS_ACQUIRE() { mu_.lock(); }
+  void unlock() PINS_RELEASE() { mu_.unlock(); }
+  bool try_lock() PINS_THREAD_ANNOTATION(try_acquire_capability(true)) { return mu_.try_lock(); }
+
+ private:
+  std::mutex mu_;
+};
+
+// std::lock_guard for Mutex, seen by the analysis.
+class PINS_SCOPED_CAPABILITY MutexLock {
+ public:
+  explicit MutexLock(Mutex& mu) PINS_ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
+  ~MutexLock() PINS_RELEASE() { mu_.unlock(); }
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+ private:
+  Mutex& mu_;
+};
+
+}  // namespace pins
