@@ -25,6 +25,17 @@ enum class Kind { Weights, Patches };
 inline Subset streaming_subset(Kind k) { return k == Kind::Weights ? Subset::Weights : Subset::Patches; }
 inline Subset cache_subset(Kind k) { return k == Kind::Weights ? Subset::WeightsLoaded : Subset::PatchesLoaded; }
 
+// The subset a new pin goes to (DESIGN.md "Choosing and creating a pin", step
+// 3): the -loaded subset when the source stays on the device (`resident`), the
+// configuration allows cache pins (`cache_allowed`: neither fast_disk nor the lru
+// policy) and, for patches, a signature identifies the patch set; else the
+// streaming subset. The balancer creates pins by it; the simulator labels
+// accesses by it.
+inline Subset target_subset(Kind kind, bool resident, bool has_signature, bool cache_allowed) {
+  const bool cache = resident && cache_allowed && (kind == Kind::Weights || has_signature);
+  return cache ? cache_subset(kind) : streaming_subset(kind);
+}
+
 // A source's identity: its storage, byte offset and size; `layout` tells apart
 // non-contiguous views of the same bytes (0 for a contiguous source).
 struct PinKey {
@@ -86,6 +97,27 @@ struct SubsetStats {
   int64_t dropped = 0;         // COUNT pins dropped for a stale source, signature change, prompt boundary, forget
   int64_t lock_drops = 0;      // COUNT page-lock drops (registration ceiling)
   int64_t inflight_skips = 0;  // COUNT eviction candidates skipped for a copy in flight or a lease
+
+  int64_t evictions_all() const {  // COUNT evictions over every tier
+    int64_t n = 0;
+    for (int64_t e : evictions) n += e;
+    return n;
+  }
+  SubsetStats& operator+=(const SubsetStats& o) {  // sums every field, levels included
+    pins += o.pins;
+    bytes += o.bytes;
+    hits += o.hits;
+    misses += o.misses;
+    hit_bytes += o.hit_bytes;
+    miss_bytes += o.miss_bytes;
+    created += o.created;
+    for (int t = 0; t < kTiers; ++t) evictions[t] += o.evictions[t];
+    evicted_bytes += o.evicted_bytes;
+    dropped += o.dropped;
+    lock_drops += o.lock_drops;
+    inflight_skips += o.inflight_skips;
+    return *this;
+  }
 };
 
 struct Model {
@@ -101,5 +133,8 @@ struct Model {
   std::unordered_map<PinKey, std::unique_ptr<Pin>, PinKeyHash> pins[kSubsets];
   std::map<uint64_t, Pin*> by_created[kSubsets];  // newest last
 };
+
+// Every registered model, by id.
+using Models = std::map<ModelId, std::unique_ptr<Model>>;
 
 }  // namespace pins

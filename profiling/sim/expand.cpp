@@ -4,11 +4,12 @@
 #include <numeric>
 #include <set>
 
+#include "csrc/base/size.h"
+
 namespace pins::sim {
 
 Subset Access::subset() const {
-  if (kind == Kind::Weights) return resident ? Subset::WeightsLoaded : Subset::Weights;
-  return resident && signature.has_value() ? Subset::PatchesLoaded : Subset::Patches;
+  return target_subset(kind, resident, signature.has_value(), /*cache_allowed=*/true);
 }
 
 uint64_t weight_storage(int model, int layer) {
@@ -25,8 +26,6 @@ std::string key_name(const Trace& t, const Access& a) {
 }
 
 namespace {
-
-constexpr uint64_t kMiB = 1ull << 20;
 
 // What VRAM holds of one model.
 struct DeviceModel {
@@ -53,7 +52,8 @@ class Expander {
     RunPlan plan;
     plan.run = run_index;
     for (const Step& s : p.steps)
-      if (std::find(plan.models.begin(), plan.models.end(), s.model) == plan.models.end()) plan.models.push_back(s.model);
+      if (std::find(plan.models.begin(), plan.models.end(), s.model) == plan.models.end())
+        plan.models.push_back(s.model);
     run_ = run_index;
     out_ = &out;
     const size_t first = out.accesses.size();
@@ -176,7 +176,7 @@ class Expander {
     if (!complete) {
       free_memory(1.1 * static_cast<double>(model.bytes - d.resident_bytes) + minimum, m);
       const double f = static_cast<double>(vram_free() + d.resident_bytes);
-      const double budget = std::max({128.0 * kMiB, f - minimum, std::min(0.4 * f, f - reserve)});
+      const double budget = std::max({128.0 * MiB, f - minimum, std::min(0.4 * f, f - reserve)});
       std::vector<char> want(model.layers.size(), 0);
       if (budget > static_cast<double>(model.bytes)) {
         std::fill(want.begin(), want.end(), 1);

@@ -69,12 +69,6 @@ class PageCache {
   uint64_t used_ = 0;
 };
 
-int64_t stat(const std::vector<std::pair<std::string, int64_t>>& stats, const char* key) {
-  for (const auto& [k, v] : stats)
-    if (k == key) return v;
-  return 0;
-}
-
 uint64_t lora_bytes(const Trace& t, const Prompt& p) {
   std::set<int> used;
   for (const Step& s : p.steps) used.insert(s.loras.begin(), s.loras.end());
@@ -89,11 +83,7 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
   base.policy = kind;
   base.headroom = mach.headroom;
   const Config c = parse_config(o.conf, base);
-  PoolOptions po;
-  po.segment_size = c.segment_size;
-  po.extent_min = c.extent_min;
-  po.alignment = c.alignment;
-  po.cap = c.cap;
+  PoolOptions po = pool_options(c);
   po.retain_free = 0;
   HostPool pool(make_null_backend(), po);
   ModelledProbe probe(pool, mach);
@@ -111,7 +101,7 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
     rr.prompt = plan.prompt;
     probe.app = mach.other_ram + lora_bytes(t, t.prompts[plan.prompt]);
     cache.shrink(cache_capacity());
-    const int64_t evicted_before = stat(bal.stats(), "evicted_bytes");
+    const int64_t evicted_before = bal.stats().total.evicted_bytes;
     if (o.mark_upfront) {
       std::vector<ModelId> marks;
       for (int m : plan.models) marks.push_back(ids[m]);
@@ -178,9 +168,9 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
     }
     bal.end_prompt();
     if (o.relieve) bal.relieve();
-    const auto stats = bal.stats();
-    rr.evicted_bytes = static_cast<uint64_t>(stat(stats, "evicted_bytes") - evicted_before);
-    rr.pinned_bytes = static_cast<uint64_t>(stat(stats, "pinned_bytes"));
+    const BalancerStats stats = bal.stats();
+    rr.evicted_bytes = static_cast<uint64_t>(stats.total.evicted_bytes - evicted_before);
+    rr.pinned_bytes = static_cast<uint64_t>(stats.total.bytes);
     out.runs.push_back(rr);
   }
   return out;

@@ -16,7 +16,7 @@ namespace {
 // pool has committed.
 class FakeProbe : public MemoryProbe {
  public:
-  FakeProbe(HostPool& pool, uint64_t total, uint64_t free_before_pins) : pool_(pool), total_(total), free_(free_before_pins) {}
+  FakeProbe(HostPool& pool, uint64_t total, uint64_t free_before_pins) : free_(free_before_pins), pool_(pool), total_(total) {}
   MemoryInfo read() override {
     MemoryInfo m;
     m.total = total_;
@@ -35,7 +35,6 @@ class FakeFence : public Fence {
  public:
   explicit FakeFence(std::atomic<bool>* flag) : flag_(flag) {}
   bool done() override { return flag_->load(); }
-  void wait() override {}
 
  private:
   std::atomic<bool>* flag_;
@@ -392,18 +391,62 @@ TEST(BalancerBudget, RefusesWhenNothingCanGoAndCounts) {
   f.bal.mark_prompt({m});
   ASSERT_TRUE(f.cast(f.req(m, 1)));
   EXPECT_FALSE(f.cast(f.req(m, 2)));
-  const auto stats = f.bal.stats();
-  auto get = [&](const std::string& k) {
-    for (auto& [n, v] : stats)
-      if (n == k) return v;
-    ADD_FAILURE() << "no stat " << k;
-    return int64_t{-1};
-  };
-  EXPECT_EQ(get("refusals"), 1);
-  EXPECT_EQ(get("pins"), 1);
-  EXPECT_EQ(get("pinned_bytes"), static_cast<int64_t>(U));
-  EXPECT_EQ(get("weights.bytes"), static_cast<int64_t>(U));
-  EXPECT_EQ(get("misses"), 2);
+  const BalancerStats stats = f.bal.stats();
+  EXPECT_EQ(stats.refusals, 1);
+  EXPECT_EQ(stats.total.pins, 1);
+  EXPECT_EQ(stats.total.bytes, static_cast<int64_t>(U));
+  EXPECT_EQ(stats.subsets[static_cast<int>(Subset::Weights)].bytes, static_cast<int64_t>(U));
+  EXPECT_EQ(stats.total.misses, 2);
+  ASSERT_EQ(stats.models.size(), 1u);
+  EXPECT_EQ(stats.models[0].id, m);
+  EXPECT_EQ(stats.models[0].name, "m");
+  EXPECT_EQ(stats.models[0].refusals, 1);
+  EXPECT_TRUE(stats.models[0].active);
+  EXPECT_TRUE(stats.models[0].in_prompt);
+  EXPECT_TRUE(stats.prompt);
+}
+
+// The totals of BalancerStats are the sums of the per-model, per-subset counters.
+TEST(BalancerStats, TotalsSumModelsAndSubsets) {
+  Fixture f(3);
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  f.bal.mark_prompt({b});
+  ASSERT_TRUE(f.cast(f.req(a, 1)));                      // a: weights
+  ASSERT_TRUE(f.cast(f.req(a, 2, Kind::Weights, true)));  // a: weights-loaded
+  ASSERT_TRUE(f.cast(f.req(a, 1)));                      // a: a hit
+  ASSERT_TRUE(f.cast(f.req(b, 3)));                      // b: weights
+  ASSERT_TRUE(f.cast(f.req(b, 4)));                      // b: evicts a's weights pin (tier 1)
+  const BalancerStats st = f.bal.stats();
+  ASSERT_EQ(st.models.size(), 2u);
+  const ModelStats& ma = st.models[0];
+  const ModelStats& mb = st.models[1];
+  EXPECT_EQ(ma.id, a);
+  EXPECT_EQ(ma.name, "a");
+  EXPECT_EQ(mb.name, "b");
+  EXPECT_FALSE(ma.in_prompt);
+  EXPECT_TRUE(mb.in_prompt);
+  const int w = static_cast<int>(Subset::Weights), wl = static_cast<int>(Subset::WeightsLoaded);
+  EXPECT_EQ(ma.subsets[w].hits, 1);
+  EXPECT_EQ(ma.subsets[w].evictions[0], 1);
+  EXPECT_EQ(ma.subsets[w].evicted_bytes, static_cast<int64_t>(U));
+  EXPECT_EQ(ma.subsets[wl].pins, 1);
+  EXPECT_EQ(ma.total.pins, 1);
+  EXPECT_EQ(ma.total.misses, 2);
+  EXPECT_EQ(mb.total.pins, 2);
+  EXPECT_EQ(st.subsets[w].pins, 2);
+  EXPECT_EQ(st.subsets[w].created, 3);
+  EXPECT_EQ(st.subsets[wl].pins, 1);
+  EXPECT_EQ(st.total.pins, 3);
+  EXPECT_EQ(st.total.bytes, static_cast<int64_t>(3 * U));
+  EXPECT_EQ(st.total.hits, 1);
+  EXPECT_EQ(st.total.misses, 4);
+  EXPECT_EQ(st.total.hit_bytes, static_cast<int64_t>(U));
+  EXPECT_EQ(st.total.miss_bytes, static_cast<int64_t>(4 * U));
+  EXPECT_EQ(st.total.evictions_all(), 1);
+  EXPECT_EQ(st.total.evicted_bytes, static_cast<int64_t>(U));
+  EXPECT_EQ(st.refusals, 0);
+  EXPECT_EQ(st.total.bytes, f.pool.stats().requested_bytes.current);
 }
 
 TEST(BalancerBudget, RelieveFreesHeadroomShortfall) {
@@ -497,9 +540,7 @@ TEST(BalancerPolicy, TraceFallsBackToMruWhenThePromptDeparts) {
   // mru: the newest pins go first, 7 for 8.
   EXPECT_FALSE(f.has(m, 7, Subset::Weights));
   EXPECT_TRUE(f.has(m, 1, Subset::Weights));
-  bool departed = false;
-  for (auto& [k, v] : f.bal.stats()) departed |= (k == "trace_departures" && v == 1);
-  EXPECT_TRUE(departed);
+  EXPECT_EQ(f.bal.stats().trace_departures, 1);
 }
 
 // Note [Trace policy]: a pin that the last prompt did not use goes before one it
@@ -554,15 +595,7 @@ TEST(BalancerPolicy, TraceSkipsPatchesOfAnotherSignature) {
     ASSERT_TRUE(f.cast(f.req(m, 2)));
     f.bal.end_prompt();
   }
-  for (auto& [k, v] : f.bal.stats())
-    if (k == "trace_departures") EXPECT_EQ(v, 0);
-}
-
-int64_t stat_of(const Balancer& b, const std::string& key) {
-  for (const auto& [k, v] : b.stats())
-    if (k == key) return v;
-  ADD_FAILURE() << "no stat " << key;
-  return -1;
+  EXPECT_EQ(f.bal.stats().trace_departures, 0);
 }
 
 // Records stay bounded: other policies keep none, and a prompt past the limit
@@ -571,20 +604,20 @@ TEST(BalancerPolicy, TraceRecordsAreBounded) {
   Fixture mru(8);
   const ModelId a = mru.bal.register_model("a", "cuda:0");
   mru.prompt(a, {1, 2, 3});
-  EXPECT_EQ(stat_of(mru.bal, "trace_records"), 0) << "mru needs no record";
+  EXPECT_EQ(mru.bal.stats().trace_records, 0) << "mru needs no record";
 
   Config c = base_config();
   c.policy = PolicyKind::Trace;
   Fixture f(8, c);
   const ModelId m = f.bal.register_model("m", "cuda:0");
   f.prompt(m, {1, 2, 3});
-  EXPECT_EQ(stat_of(f.bal, "trace_records"), 1);
+  EXPECT_EQ(f.bal.stats().trace_records, 1);
   f.bal.mark_prompt({m});
   for (size_t i = 0; i < (size_t{1} << 20) + 10; ++i) ASSERT_TRUE(f.cast(f.req(m, 1 + i % 3)));
   f.bal.end_prompt();
-  EXPECT_EQ(stat_of(f.bal, "trace_records"), 1) << "a prompt past the limit left a record";
+  EXPECT_EQ(f.bal.stats().trace_records, 1) << "a prompt past the limit left a record";
   f.prompt(m, {1, 2, 3});
-  EXPECT_EQ(stat_of(f.bal, "trace_records"), 2) << "recording resumes after the boundary";
+  EXPECT_EQ(f.bal.stats().trace_records, 2) << "recording resumes after the boundary";
 }
 
 // Eight threads cast, evict and cross prompt boundaries over three models with
@@ -641,10 +674,7 @@ TEST(BalancerConcurrency, StressKeepsContentsAndAccounts) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(bad.load(), 0);
   EXPECT_GT(hits.load(), 0);
-  int64_t pinned = 0;
-  for (auto& [k, v] : bal.stats())
-    if (k == "pinned_bytes") pinned = v;
-  EXPECT_EQ(pinned, pool.stats().requested_bytes.current) << "every pool block is a pin and vice versa";
+  EXPECT_EQ(bal.stats().total.bytes, pool.stats().requested_bytes.current) << "every pool block is a pin and vice versa";
 }
 
 }  // namespace

@@ -1,0 +1,96 @@
+// DESIGN.md "Budget" against hand-computed values. The pin ceiling has its own
+// tests in tests/csrc/system/sysmem_test.cpp.
+#include "csrc/balancer/budget.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+
+namespace pins {
+namespace {
+
+constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+// Defaults: headroom 4 GiB, pin_reserve 2 GiB, pin_slack 256 MiB,
+// relieve_slack 512 MiB, lock_hysteresis 2 GiB.
+TEST(BudgetPin, ShortfallIsSizePlusReserveMinusAvailable) {
+  const Config c;
+  // reserve = max(4 GiB / 2, 2 GiB) = 2 GiB: a 1 GiB pin needs 3 GiB available.
+  EXPECT_EQ(pin_shortfall(1 * GiB, 10 * GiB, c), 0u);
+  EXPECT_EQ(pin_shortfall(1 * GiB, 3 * GiB, c), 0u) << "exactly enough is enough";
+  EXPECT_EQ(pin_shortfall(1 * GiB, 3 * GiB - 1, c), 1u);
+  EXPECT_EQ(pin_shortfall(1 * GiB, 2 * GiB + 512 * MiB, c), 512 * MiB);
+  EXPECT_EQ(pin_shortfall(1 * GiB, 0, c), 3 * GiB);
+}
+
+TEST(BudgetPin, ReserveIsHalfTheHeadroomOrThePinReserve) {
+  Config c;
+  c.headroom = 10 * GiB;  // half of it, 5 GiB, beats the 2 GiB floor
+  EXPECT_EQ(pin_shortfall(1 * GiB, 4 * GiB, c), 2 * GiB);
+  c.headroom = 1 * GiB;  // half of it, 512 MiB, is under the floor
+  EXPECT_EQ(pin_shortfall(1 * GiB, 1 * GiB, c), 2 * GiB);
+  c.pin_reserve = 0;
+  EXPECT_EQ(pin_shortfall(1 * GiB, 1 * GiB, c), 512 * MiB);
+  c.headroom = 7;  // halved rounding down
+  EXPECT_EQ(pin_shortfall(10, 0, c), 13u);
+  c.headroom = 0;
+  EXPECT_EQ(pin_shortfall(10, 0, c), 10u);
+  EXPECT_EQ(pin_shortfall(10, 10, c), 0u);
+}
+
+TEST(BudgetPin, ShortfallSaturates) {
+  const Config c;
+  EXPECT_EQ(pin_shortfall(kMax, 0, c), kMax) << "a pin too large for any RAM never fits";
+  EXPECT_EQ(pin_shortfall(kMax, kMax, c), 0u);
+}
+
+TEST(BudgetPin, FreeGoalAddsThePinSlack) {
+  Config c;
+  EXPECT_EQ(pin_free_goal(0, c), 0u) << "no shortfall: nothing to free";
+  EXPECT_EQ(pin_free_goal(1, c), 256 * MiB + 1);
+  EXPECT_EQ(pin_free_goal(1 * GiB, c), 1 * GiB + 256 * MiB);
+  EXPECT_EQ(pin_free_goal(kMax, c), kMax);
+  c.pin_slack = 0;
+  EXPECT_EQ(pin_free_goal(1 * GiB, c), 1 * GiB);
+}
+
+TEST(BudgetRelieve, ShortfallIsHeadroomMinusAvailable) {
+  Config c;
+  EXPECT_EQ(relieve_shortfall(5 * GiB, c), 0u);
+  EXPECT_EQ(relieve_shortfall(4 * GiB, c), 0u) << "available at the headroom: no pressure";
+  EXPECT_EQ(relieve_shortfall(4 * GiB - 1, c), 1u);
+  EXPECT_EQ(relieve_shortfall(3 * GiB, c), 1 * GiB);
+  EXPECT_EQ(relieve_shortfall(0, c), 4 * GiB);
+  c.headroom = 0;
+  EXPECT_EQ(relieve_shortfall(0, c), 0u) << "no headroom: never under pressure";
+}
+
+TEST(BudgetRelieve, FreeGoalAddsTheRelieveSlack) {
+  Config c;
+  EXPECT_EQ(relieve_free_goal(0, c), 0u);
+  EXPECT_EQ(relieve_free_goal(1 * GiB, c), 1 * GiB + 512 * MiB);
+  c.relieve_slack = 0;
+  EXPECT_EQ(relieve_free_goal(1 * GiB, c), 1 * GiB);
+}
+
+TEST(BudgetLock, FitsUnderTheCeiling) {
+  EXPECT_TRUE(lock_fits(6 * GiB, 2 * GiB, 8 * GiB)) << "up to the ceiling itself";
+  EXPECT_FALSE(lock_fits(6 * GiB, 2 * GiB + 1, 8 * GiB));
+  EXPECT_TRUE(lock_fits(0, 0, 0));
+  EXPECT_FALSE(lock_fits(0, 1, 0));
+  EXPECT_FALSE(lock_fits(kMax - 1, 2, kMax - 1)) << "saturates instead of wrapping";
+}
+
+TEST(BudgetLock, DropGoalLeavesTheHysteresisAndThePin) {
+  Config c;  // lock_hysteresis 2 GiB
+  EXPECT_EQ(lock_drop_goal(20 * GiB, 1 * GiB, c), 17 * GiB);
+  EXPECT_EQ(lock_drop_goal(3 * GiB + 1, 1 * GiB, c), 1u);
+  EXPECT_EQ(lock_drop_goal(3 * GiB, 1 * GiB, c), 0u);
+  EXPECT_EQ(lock_drop_goal(2 * GiB, 1 * GiB, c), 0u) << "below zero: drop every lock";
+  EXPECT_EQ(lock_drop_goal(20 * GiB, kMax, c), 0u);
+  c.lock_hysteresis = 0;
+  EXPECT_EQ(lock_drop_goal(20 * GiB, 1 * GiB, c), 19 * GiB);
+}
+
+}  // namespace
+}  // namespace pins
