@@ -17,9 +17,9 @@ demo: build
 test: build
 	@bash scripts/test.sh
 
-# The torch-free core's tests under ASan+UBSan and TSan.
+# The torch-free core's tests under ASan+UBSan and TSan, and Clang's thread-safety analysis.
 sanitize: setup
 	@bash scripts/sanitize.sh
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-tsa

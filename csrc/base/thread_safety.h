@@ -9,7 +9,14 @@
 //   3. HostPool::mu_  (csrc/pool/pool.h)         segments, extents and blocks
 // A lower level may be taken while a higher one is held, for short
 // non-blocking work only. No thread is joined, no driver call, fence query,
-// allocation from the OS or /proc read is made while any of them is held.
+// allocation from the OS or /proc read is made while any of them is held
+// (Runtime::configure moves a replaced monitor out and destroys it, joining its
+// thread, after releasing Runtime::mu_; it builds the new one unlocked too).
+// One leaf stands outside the levels: PressureMonitor::mu_
+// (csrc/system/monitor.h) only serializes the join of the monitor's thread; it
+// is never taken with one of the three held, nor one of them under it, and the
+// monitor's thread (which takes levels 2 and 3 in Balancer::relieve) never
+// takes it.
 #pragma once
 
 #include <mutex>
@@ -49,16 +56,30 @@ class PINS_CAPABILITY("mutex") Mutex {
   std::mutex mu_;
 };
 
-// std::lock_guard for Mutex, seen by the analysis.
+// std::unique_lock for Mutex, seen by the analysis: held from construction to
+// destruction, except between an unlock() and the next lock() (for blocking
+// work in the middle of a critical section).
 class PINS_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) PINS_ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
-  ~MutexLock() PINS_RELEASE() { mu_.unlock(); }
+  ~MutexLock() PINS_RELEASE() {
+    if (held_) mu_.unlock();
+  }
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
 
+  void unlock() PINS_RELEASE() {
+    mu_.unlock();
+    held_ = false;
+  }
+  void lock() PINS_ACQUIRE() {
+    mu_.lock();
+    held_ = true;
+  }
+
  private:
   Mutex& mu_;
+  bool held_ = true;
 };
 
 }  // namespace pins

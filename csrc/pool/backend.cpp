@@ -1,8 +1,28 @@
+// Picks the backend a BackendKind names; each backend lives in its own file.
 #include "csrc/pool/backend.h"
 
 #include "csrc/base/check.h"
 
 namespace pins {
+namespace {
+
+#if defined(PINS_WITH_CUDA)
+constexpr bool kBuiltWithCuda = true;
+#else
+constexpr bool kBuiltWithCuda = false;
+#endif
+
+}  // namespace
+
+const char* to_string(BackendKind k) {
+  switch (k) {
+    case BackendKind::Auto: return "auto";
+    case BackendKind::Cuda: return "cuda";
+    case BackendKind::Cpu: return "cpu";
+    case BackendKind::Null: return "null";
+  }
+  return "?";
+}
 
 std::unique_ptr<HostBackend> make_backend(BackendKind kind, bool use_mlock) {
   switch (kind) {
@@ -13,12 +33,7 @@ std::unique_ptr<HostBackend> make_backend(BackendKind kind, bool use_mlock) {
     case BackendKind::Cuda: {
       auto b = make_cuda_backend();
       PINS_CHECK_VALUE(b != nullptr, "PINS_CONF backend:cuda was asked for, but ",
-#if defined(PINS_WITH_CUDA)
-                       "no CUDA device is present"
-#else
-                       "pins was built without CUDA"
-#endif
-      );
+                       kBuiltWithCuda ? "no CUDA device is present" : "pins was built without CUDA");
       return b;
     }
     case BackendKind::Auto:

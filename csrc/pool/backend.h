@@ -13,13 +13,14 @@
 //             locked range is unlocked exactly as it was locked (same base,
 //             same size) before it is decommitted.
 // Calls may block (page faults, driver calls): the pool never makes them while
-// holding its lock.
+// holding its lock. One backend per file: backend_cpu.cpp, backend_null.cpp,
+// backend_cuda.cpp; backend.cpp picks one (make_backend).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
-#include "csrc/runtime/config.h"
+#include "csrc/pool/options.h"
 
 namespace pins {
 
@@ -39,18 +40,21 @@ class HostBackend {
 };
 
 // mmap-backed host memory; lock() is mlock when `use_mlock`, else unavailable.
+// (backend_cpu.cpp)
 std::unique_ptr<HostBackend> make_cpu_backend(bool use_mlock);
 
 // Address bookkeeping only: reserve hands out addresses that must never be
 // touched, commit and lock do nothing. For the simulator and large-size tests.
+// (backend_null.cpp)
 std::unique_ptr<HostBackend> make_null_backend();
 
 // cudaHostRegister on mmap-backed memory. nullptr when pins was built without
-// CUDA or no CUDA device is present.
+// CUDA or no CUDA device is present. (backend_cuda.cpp)
 std::unique_ptr<HostBackend> make_cuda_backend();
 
 // The backend `kind` asks for; Auto is cuda when available, else cpu.
-// Throws pins::ValueError when cuda is asked for and unavailable.
+// `use_mlock` applies to the cpu backend. Throws pins::ValueError when cuda is
+// asked for and unavailable. (backend.cpp)
 std::unique_ptr<HostBackend> make_backend(BackendKind kind, bool use_mlock);
 
 }  // namespace pins

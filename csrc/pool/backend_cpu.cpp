@@ -1,3 +1,4 @@
+// The cpu backend: mmap, madvise, and mlock when asked.
 #include "csrc/pool/backend_cpu.h"
 
 #include <sys/mman.h>
@@ -5,7 +6,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstdint>
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -53,37 +53,6 @@ int MmapBackend::unlock(void* addr, size_t size) {
   return munlock(addr, size) == 0 ? 0 : errno;
 }
 
-namespace {
-
-class NullBackend final : public HostBackend {
- public:
-  const char* name() const override { return "null"; }
-  size_t page_size() const override { return 4096; }
-  bool can_lock() const override { return true; }
-  int reserve(size_t size, void** addr) override {
-    // Addresses from a private counter, far from anything mapped, never touched.
-    const uintptr_t base = next_.fetch_add(size + (1ull << 30));
-    *addr = reinterpret_cast<void*>(base);
-    return 0;
-  }
-  int release(void*, size_t) override { return 0; }
-  int commit(void*, size_t) override { return 0; }
-  int decommit(void*, size_t) override { return 0; }
-  int lock(void*, size_t) override { return 0; }
-  int unlock(void*, size_t) override { return 0; }
-
- private:
-  std::atomic<uintptr_t> next_{uintptr_t{1} << 46};
-};
-
-}  // namespace
-
 std::unique_ptr<HostBackend> make_cpu_backend(bool use_mlock) { return std::make_unique<MmapBackend>(use_mlock); }
-
-std::unique_ptr<HostBackend> make_null_backend() { return std::make_unique<NullBackend>(); }
-
-#if !defined(PINS_WITH_CUDA)
-std::unique_ptr<HostBackend> make_cuda_backend() { return nullptr; }
-#endif
 
 }  // namespace pins

@@ -1,11 +1,13 @@
-// cudaHostRegister over the mmap layer: reserved and committed like cpu memory,
-// page-locked by the driver so copies to the device are DMA, not staged.
+// The cuda backend: cudaHostRegister over the mmap layer, reserved and committed
+// like cpu memory, page-locked by the driver so copies to the device are DMA,
+// not staged. Built without CUDA (PINS_WITH_CUDA unset) it is never available.
+#include "csrc/pool/backend_cpu.h"
+
+#if defined(PINS_WITH_CUDA)
+
 #include <cuda_runtime_api.h>
 
 #include <cerrno>
-
-#include "csrc/pool/backend_cpu.h"
-#include "csrc/base/check.h"
 
 namespace pins {
 namespace {
@@ -46,3 +48,13 @@ std::unique_ptr<HostBackend> make_cuda_backend() {
 }
 
 }  // namespace pins
+
+#else  // !PINS_WITH_CUDA
+
+namespace pins {
+
+std::unique_ptr<HostBackend> make_cuda_backend() { return nullptr; }
+
+}  // namespace pins
+
+#endif  // PINS_WITH_CUDA

@@ -10,7 +10,6 @@ class Fence {
  public:
   virtual ~Fence() = default;
   virtual bool done() = 0;  // non-blocking query
-  virtual void wait() = 0;  // blocks until done
 };
 
 }  // namespace pins

@@ -22,7 +22,8 @@ struct HostPool::Extent {
   bool locked;
   size_t used = 0;      // blocks allocated or parked
   uint64_t idle_since = 0;
-  bool unlocking = false;  // an unlock() is between its two lock holds
+  bool unlocking = false;     // an unlock() is between its two lock holds
+  bool decommitting = false;  // picked by pick_idle(); decommit() owns it until it relocks
 };
 
 struct HostPool::Block {
@@ -32,7 +33,7 @@ struct HostPool::Block {
   Extent* ext;
   Block* prev = nullptr;  // address neighbours in the same extent
   Block* next = nullptr;
-  State state = State::Free;
+  BlockState state = BlockState::Free;
   std::vector<std::shared_ptr<Fence>> fences;
 };
 
@@ -43,16 +44,6 @@ int64_t now_ns() {
       .count();
 }
 }  // namespace
-
-PoolOptions PoolOptions::from(const Config& c) {
-  PoolOptions o;
-  o.segment_size = c.segment_size;
-  o.extent_min = c.extent_min;
-  o.alignment = c.alignment;
-  o.cap = c.cap;
-  o.retain_free = c.retain_free;
-  return o;
-}
 
 HostPool::HostPool(std::unique_ptr<HostBackend> backend, PoolOptions options)
     : backend_(std::move(backend)),
@@ -137,7 +128,7 @@ HostPool::Block* HostPool::take_free(size_t asize, bool locked) {
 }
 
 void* HostPool::finish(Block* b, size_t requested) {
-  b->state = State::Allocated;
+  b->state = BlockState::Allocated;
   b->requested = requested;
   b->ext->used++;
   stats_.allocations++;
@@ -155,7 +146,7 @@ void* HostPool::try_allocate(size_t size, bool lock) {
   const size_t need = round_page(asize);
   reap();
 
-  std::unique_lock<std::mutex> g(mu_);
+  MutexLock g(mu_);
   for (;;) {
     if (Block* b = take_free(asize, want_lock)) return finish(b, size);
 
@@ -262,25 +253,25 @@ void* HostPool::allocate(size_t size, bool lock) {
 
 HostPool::Block* HostPool::find(void* ptr, const char* what) const {
   auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
-  PINS_CHECK_VALUE(it != blocks_.end() && it->second->state == State::Allocated, what, ": pointer ", ptr,
+  PINS_CHECK_VALUE(it != blocks_.end() && it->second->state == BlockState::Allocated, what, ": pointer ", ptr,
                    " is not a live allocation of this pool");
   return it->second.get();
 }
 
 void HostPool::release(Block* b) {
-  b->state = State::Free;
+  b->state = BlockState::Free;
   b->fences.clear();
   Extent* e = b->ext;
   e->used--;
   auto& set = free_[e->locked];
-  if (Block* n = b->next; n && n->state == State::Free) {
+  if (Block* n = b->next; n && n->state == BlockState::Free) {
     set.erase({n->size, n->addr});
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
     blocks_.erase(n->addr);
   }
-  if (Block* p = b->prev; p && p->state == State::Free) {
+  if (Block* p = b->prev; p && p->state == BlockState::Free) {
     set.erase({p->size, p->addr});
     p->size += b->size;
     p->next = b->next;
@@ -310,6 +301,7 @@ std::vector<HostPool::Extent*> HostPool::pick_idle(size_t over) {
     idle_bytes_ -= e->size;
     free_[e->locked].erase({e->size, e->base});
     blocks_.erase(e->base);
+    e->decommitting = true;
     got += e->size;
     victims.push_back(e);
   }
@@ -317,7 +309,8 @@ std::vector<HostPool::Extent*> HostPool::pick_idle(size_t over) {
 }
 
 void HostPool::decommit(std::vector<Extent*> victims) {
-  // The victims are in no list: nobody else can reach them while unlocked.
+  // The victims are in no list but extents_ and marked decommitting: nobody
+  // else touches them while unlocked.
   struct Done {
     Extent* e;
     bool unlocked;
@@ -335,13 +328,14 @@ void HostPool::decommit(std::vector<Extent*> victims) {
   }
   std::vector<std::pair<void*, size_t>> to_release;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     for (const Done& d : done) {
       Extent* e = d.e;
       if (e->locked && !d.unlocked) {
         // The driver refused to unlock: the memory stays committed; keep it as
         // an idle extent rather than lose track of it.
         stats_.lock_failures++;
+        e->decommitting = false;
         auto b = std::make_unique<Block>();
         b->addr = e->base;
         b->size = e->size;
@@ -378,14 +372,14 @@ void HostPool::decommit(std::vector<Extent*> victims) {
 void HostPool::free(void* ptr) {
   std::vector<Extent*> victims;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     Block* b = find(ptr, "HostPool::free");
     stats_.frees++;
     stats_.allocated_bytes.decrease(static_cast<int64_t>(b->size));
     stats_.requested_bytes.decrease(static_cast<int64_t>(b->requested));
     stats_.blocks.decrease(1);
     if (!b->fences.empty()) {
-      b->state = State::Parked;
+      b->state = BlockState::Parked;
       parked_.push_back(b);
       stats_.deferred_frees++;
       return;
@@ -399,10 +393,11 @@ void HostPool::free(void* ptr) {
 void HostPool::reap() {
   std::vector<std::pair<Block*, std::vector<std::shared_ptr<Fence>>>> snap;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (parked_.empty()) return;
     for (Block* b : parked_) snap.emplace_back(b, b->fences);
     parked_.clear();
+    reaping_ += snap.size();
   }
   std::vector<bool> ready(snap.size());
   for (size_t i = 0; i < snap.size(); ++i)
@@ -410,7 +405,8 @@ void HostPool::reap() {
                            [](const std::shared_ptr<Fence>& f) { return f->done(); });
   std::vector<Extent*> victims;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
+    reaping_ -= snap.size();
     for (size_t i = 0; i < snap.size(); ++i) {
       if (ready[i]) release(snap[i].first);
       else parked_.push_back(snap[i].first);
@@ -425,7 +421,7 @@ void HostPool::record_fence(void* ptr, std::shared_ptr<Fence> fence) {
   PINS_CHECK_VALUE(fence != nullptr, "HostPool::record_fence: fence must not be null");
   std::vector<std::shared_ptr<Fence>> old;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     old.swap(find(ptr, "HostPool::record_fence")->fences);
   }
   // Drop the fences that completed, so a block copied every step keeps a short list.
@@ -433,7 +429,7 @@ void HostPool::record_fence(void* ptr, std::shared_ptr<Fence> fence) {
   for (auto& f : old)
     if (!f->done()) keep.push_back(f);
   keep.push_back(std::move(fence));
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   Block* b = find(ptr, "HostPool::record_fence");
   b->fences.insert(b->fences.end(), keep.begin(), keep.end());
 }
@@ -441,7 +437,7 @@ void HostPool::record_fence(void* ptr, std::shared_ptr<Fence> fence) {
 bool HostPool::in_flight(void* ptr) {
   std::vector<std::shared_ptr<Fence>> fences;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     fences = find(ptr, "HostPool::in_flight")->fences;
   }
   return std::any_of(fences.begin(), fences.end(), [](const std::shared_ptr<Fence>& f) { return !f->done(); });
@@ -452,7 +448,7 @@ size_t HostPool::trim(size_t keep_idle) {
   std::vector<Extent*> victims;
   size_t bytes = 0;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     if (idle_bytes_ > keep_idle) victims = pick_idle(idle_bytes_ - keep_idle);
     for (Extent* e : victims) bytes += e->size;
   }
@@ -461,31 +457,28 @@ size_t HostPool::trim(size_t keep_idle) {
 }
 
 size_t HostPool::requested_size(void* ptr) const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return find(ptr, "HostPool::requested_size")->requested;
 }
 
 bool HostPool::is_locked(void* ptr) const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return find(ptr, "HostPool::is_locked")->ext->locked;
+}
+
+void HostPool::move_free_blocks(Extent* e, bool from_locked, bool to_locked) {
+  for (Block* b = blocks_.at(e->base).get(); b != nullptr; b = b->next) {
+    if (b->state != BlockState::Free) continue;
+    free_[from_locked].erase({b->size, b->addr});
+    free_[to_locked].insert({b->size, b->addr});
+  }
 }
 
 size_t HostPool::unlock(void* ptr) {
   Extent* e = nullptr;
   std::vector<std::shared_ptr<Fence>> fences;
-  auto move_free = [&](Extent* x, bool from, bool to) {
-    for (auto it = blocks_.find(x->base); it != blocks_.end();) {
-      Block* b = it->second.get();
-      if (b->state == State::Free) {
-        free_[from].erase({b->size, b->addr});
-        free_[to].insert({b->size, b->addr});
-      }
-      if (b->next == nullptr) break;
-      it = blocks_.find(b->next->addr);
-    }
-  };
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     e = find(ptr, "HostPool::unlock")->ext;
     if (!e->locked || e->unlocking) return 0;
     for (Block* b = blocks_.at(e->base).get(); b != nullptr; b = b->next)
@@ -493,7 +486,7 @@ size_t HostPool::unlock(void* ptr) {
     // From here new locked requests no longer use this extent.
     e->locked = false;
     e->unlocking = true;
-    move_free(e, true, false);
+    move_free_blocks(e, true, false);
   }
   const bool busy = std::any_of(fences.begin(), fences.end(), [](const auto& f) { return !f->done(); });
   int rc = 0;
@@ -504,12 +497,12 @@ size_t HostPool::unlock(void* ptr) {
     rc = backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
     ns = now_ns() - t0;
   }
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   e->unlocking = false;
   if (busy || rc != 0) {
     if (rc != 0) stats_.lock_failures++;
     e->locked = true;
-    move_free(e, false, true);
+    move_free_blocks(e, false, true);
     return 0;
   }
   stats_.unregistrations++;
@@ -519,28 +512,56 @@ size_t HostPool::unlock(void* ptr) {
 }
 
 size_t HostPool::cap() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return cap_;
 }
 
 void HostPool::set_cap(size_t cap) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   cap_ = cap;
 }
 
 PoolStats HostPool::stats() const {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return stats_;
 }
 
 void HostPool::reset_accumulated() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   stats_.reset_accumulated();
 }
 
 void HostPool::reset_peak() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   stats_.reset_peak();
 }
+
+PoolSnapshot HostPool::snapshot() const {
+  PoolSnapshot out;
+  out.page = page_;
+  out.alignment = align_;
+  MutexLock g(mu_);
+  for (const auto& [base, seg] : segments_) out.segments.push_back({seg->base, seg->size, seg->free_space});
+  for (const auto& [addr, r] : ranges_) out.ranges.push_back({addr, r.size, r.seg->base});
+  out.ranges_by_size.assign(ranges_by_size_.begin(), ranges_by_size_.end());
+  for (const auto& [base, e] : extents_)
+    out.extents.push_back({e->base, e->size, e->seg->base, e->locked, e->unlocking, e->decommitting, e->used,
+                           e->idle_since});
+  for (const auto& [addr, b] : blocks_)
+    out.blocks.push_back({b->addr, b->size, b->requested, b->ext->base, b->prev ? b->prev->addr : 0,
+                          b->next ? b->next->addr : 0, b->state});
+  std::sort(out.blocks.begin(), out.blocks.end(),
+            [](const PoolSnapshot::Block& a, const PoolSnapshot::Block& b) { return a.addr < b.addr; });
+  for (int k = 0; k < 2; ++k) out.free[k].assign(free_[k].begin(), free_[k].end());
+  for (const auto& [since, e] : idle_) out.idle.emplace_back(since, e->base);
+  for (const Block* b : parked_) out.parked.push_back(b->addr);
+  out.idle_bytes = idle_bytes_;
+  out.committing = committing_;
+  out.reaping = reaping_;
+  out.stats = stats_;
+  return out;
+}
+
+void HostPool::check_invariants() const { check_snapshot(snapshot()); }
 
 }  // namespace pins

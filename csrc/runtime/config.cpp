@@ -12,16 +12,6 @@
 
 namespace pins {
 
-const char* to_string(BackendKind k) {
-  switch (k) {
-    case BackendKind::Auto: return "auto";
-    case BackendKind::Cuda: return "cuda";
-    case BackendKind::Cpu: return "cpu";
-    case BackendKind::Null: return "null";
-  }
-  return "?";
-}
-
 const char* to_string(PolicyKind k) {
   switch (k) {
     case PolicyKind::Mru: return "mru";
@@ -161,6 +151,16 @@ Config parse_config(std::string_view text, Config base) {
   PINS_CHECK_VALUE(c.ceiling_min <= c.ceiling_max, "PINS_CONF ceiling_min (", c.ceiling_min,
                    ") must not exceed ceiling_max (", c.ceiling_max, ")");
   return c;
+}
+
+PoolOptions pool_options(const Config& c) {
+  PoolOptions o;
+  o.segment_size = c.segment_size;
+  o.extent_min = c.extent_min;
+  o.alignment = c.alignment;
+  o.cap = c.cap;
+  o.retain_free = c.retain_free;
+  return o;
 }
 
 Config config_from_env() {

@@ -9,13 +9,12 @@
 #include <vector>
 
 #include "csrc/base/size.h"
+#include "csrc/pool/options.h"
 
 namespace pins {
 
-enum class BackendKind { Auto, Cuda, Cpu, Null };
 enum class PolicyKind { Mru, Lru, Trace };
 
-const char* to_string(BackendKind k);
 const char* to_string(PolicyKind k);
 
 struct Config {
@@ -50,6 +49,11 @@ Config parse_config(std::string_view text, Config base = {});
 
 // Parses the PINS_CONF environment variable (defaults when unset).
 Config config_from_env();
+
+// The host pool's part of `c` (its layout sizes and cap): the one place where
+// PoolOptions are built from the configuration. The backend is make_backend(
+// c.backend, c.mlock) (csrc/pool/backend.h).
+PoolOptions pool_options(const Config& c);
 
 // The closed set of keys, for error messages and documentation.
 const std::vector<std::string>& config_keys();

@@ -1,14 +1,18 @@
-// The process-wide pins state behind the torch ops: the configuration, the host
-// pool, the system memory probe, the balancer and, when configured, the
-// RAM-pressure monitor. Built on first use from PINS_CONF.
+// The process-wide pins state, and its one composition root: the configuration
+// (PINS_CONF, parsed once), the host pool, the system memory probe, the
+// balancer and, when configured, the RAM-pressure monitor. The torch ops and the
+// c10 allocator adapter (ops/) reach all of them through Runtime::get().
 #pragma once
 
+#include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include "csrc/balancer/balancer.h"
+#include "csrc/base/thread_safety.h"
+#include "csrc/pool/pool.h"
+#include "csrc/runtime/config.h"
 #include "csrc/system/monitor.h"
 #include "csrc/system/sysmem.h"
 
@@ -16,32 +20,62 @@ namespace pins {
 
 class Runtime {
  public:
-  // The instance; a bad PINS_CONF throws pins::ValueError (and the next call
-  // tries again).
+  // The process-wide instance, built on first use from PINS_CONF. A bad
+  // PINS_CONF throws pins::ValueError (and the next call tries again). It is
+  // never destroyed: tensors whose storage is a pool block may outlive static
+  // destruction.
   static Runtime& get();
 
+  // A runtime of its own, from `c` (tests; the process uses get()). Builds the
+  // pool (make_backend(c.backend, c.mlock), pool_options(c)), the probe of
+  // c.system_root, the balancer over both and, when c.monitor, the monitor.
+  // Throws pins::ValueError when the backend cannot be built, pins::ResourceError
+  // when the monitor cannot start.
+  explicit Runtime(const Config& c);
+  // Stops the monitor (joins its thread), then destroys the balancer (its pins
+  // go back to the pool), the probe and the pool: no other block of the pool may
+  // be live by then, and no other thread may be using the runtime.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // The parts live as long as the Runtime (for get(): the whole process).
   Balancer& balancer() { return *balancer_; }
   HostPool& pool() { return pool_; }
   MemoryProbe& probe() { return *probe_; }
 
   // Applies `conf` (PINS_CONF syntax) on top of the current configuration. The
   // pool's own keys (backend, segment_size, extent_min, alignment, retain_free,
-  // mlock) are fixed once the pool exists: changing one is a pins::ValueError
-  // naming it; `cap` applies at once. Nothing changes when the text is invalid.
-  void configure(std::string_view conf);
-  Config config() const;
-  bool monitor_running() const;
+  // mlock) and system_root are fixed once the pool exists: changing one is a
+  // pins::ValueError naming it; `cap` applies at once. Nothing changes when the
+  // text is invalid. A monitor that cannot start throws pins::ResourceError
+  // after the rest was applied (monitor_running() is false then). Concurrent
+  // calls apply in some order, and the monitor ends as the last one set it.
+  void configure(std::string_view conf) PINS_EXCLUDES(mu_);
+  Config config() const PINS_EXCLUDES(mu_);
+  bool monitor_running() const PINS_EXCLUDES(mu_);
 
  private:
-  explicit Runtime(const Config& c);
-  void apply_monitor(const Config& c);  // LOCK: mu_
+  // A monitor of the balancer's headroom, polling every `interval_ms`, with PSI
+  // read under `root`. Called without mu_ held: it starts a thread and opens
+  // /proc files.
+  std::unique_ptr<PressureMonitor> start_monitor(uint64_t interval_ms, const std::string& root) PINS_EXCLUDES(mu_);
 
-  mutable std::mutex mu_;
-  Config config_;  // LOCK: mu_
-  HostPool& pool_;
-  std::unique_ptr<SystemMemoryProbe> probe_;
-  std::unique_ptr<Balancer> balancer_;
-  std::unique_ptr<PressureMonitor> monitor_;  // LOCK: mu_
+  // Level 1 of Note [Lock order] (csrc/base/thread_safety.h): held while the
+  // balancer's and the pool's locks are taken (configure), never while a
+  // monitor is built or destroyed (that starts or joins its thread).
+  mutable Mutex mu_;
+  Config config_ PINS_GUARDED_BY(mu_);
+  // Declared in build order; destroyed in reverse: the balancer frees into the
+  // pool and reads the probe, so both outlive it; the monitor calls the
+  // balancer and reads the probe, so it goes first.
+  HostPool pool_;
+  const std::unique_ptr<SystemMemoryProbe> probe_;
+  const std::unique_ptr<Balancer> balancer_;
+  std::unique_ptr<PressureMonitor> monitor_ PINS_GUARDED_BY(mu_);
+  // Bumped by every configure() that changes the monitor's settings; a monitor
+  // built outside mu_ is installed only if no later change came first.
+  uint64_t monitor_generation_ PINS_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pins

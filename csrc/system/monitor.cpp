@@ -83,7 +83,7 @@ void PressureMonitor::stop() {
   // From on_pressure(): the thread sees stopping_ when the callback returns. It
   // must not take mu_: a stop() on another thread may hold it, joining us.
   if (t_monitor == this) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (thread_.joinable()) thread_.join();
 }
 

@@ -19,31 +19,34 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "csrc/base/thread_safety.h"
 #include "csrc/system/sysmem.h"
 
 namespace pins {
 
 class PressureMonitor {
  public:
-  // `probe` must outlive the monitor. `headroom` and `on_pressure` run on the
-  // monitor's thread (never under a lock of the monitor); headroom is a callable
-  // so configuration changes apply to the next check. `interval` must be > 0.
+  // `probe`, and whatever `headroom` and `on_pressure` reach, must outlive the
+  // monitor. They run on the monitor's thread (never under a lock of the
+  // monitor); headroom is a callable so configuration changes apply to the next
+  // check. `interval` must be > 0.
   // Throws pins::ValueError for a bad interval, pins::ResourceError when the
   // thread or its wake-up descriptor cannot be created.
   PressureMonitor(MemoryProbe& probe, std::function<uint64_t()> headroom, std::function<void()> on_pressure,
                   std::chrono::milliseconds interval, std::string root = "/");
-  // Stops and joins. Must not run on the monitor's thread (from on_pressure).
+  // Stops and joins. Must not run on the monitor's thread (from on_pressure),
+  // nor with a lock held that on_pressure or headroom may take (Note [Lock order]).
   ~PressureMonitor();
   PressureMonitor(const PressureMonitor&) = delete;
   PressureMonitor& operator=(const PressureMonitor&) = delete;
 
-  // Stops the thread and joins it; idempotent and callable from any thread.
-  // Called from on_pressure() it only asks the thread to stop (no self-join).
-  void stop();
+  // Stops the thread and joins it; idempotent and callable from any thread
+  // (with no lock held that the callables may take). Called from on_pressure()
+  // it only asks the thread to stop (no self-join).
+  void stop() PINS_EXCLUDES(mu_);
 
   bool uses_psi() const { return uses_psi_.load(std::memory_order_relaxed); }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }    // COUNT of checks made
@@ -67,8 +70,14 @@ class PressureMonitor {
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> triggers_{0};
   std::atomic<uint64_t> errors_{0};
-  std::mutex mu_;       // serializes stop()'s join
-  std::thread thread_;  // LOCK: mu_ (joined under it). Declared last: started once all else is set.
+  // Serializes stop()'s join, so a second stop() returns only once the thread
+  // is gone. A leaf outside the three levels of Note [Lock order]: the thread
+  // never takes it (stop() from on_pressure() returns before it), and no other
+  // lock is taken while it is held.
+  Mutex mu_;
+  // Declared last: started once all else is set (the constructor assigns it
+  // before any stop() can run).
+  std::thread thread_ PINS_GUARDED_BY(mu_);
 };
 
 }  // namespace pins

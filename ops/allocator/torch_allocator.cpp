@@ -6,20 +6,23 @@
 
 #include <cstring>
 
-#include "csrc/runtime/default_pool.h"
+#include "csrc/runtime/runtime.h"
 
 namespace pins {
 namespace {
 
+// The pool of the process-wide Runtime, which is never destroyed: a tensor
+// freed during static destruction still finds it.
+HostPool& pool() { return Runtime::get().pool(); }
+
 void delete_block(void* ptr) {
-  if (ptr != nullptr) default_pool().free(ptr);
+  if (ptr != nullptr) pool().free(ptr);
 }
 
 class EventFence final : public Fence {
  public:
   explicit EventFence(c10::Stream stream) : event_(stream.device_type()) { event_.record(stream); }
   bool done() override { return event_.query(); }
-  void wait() override { event_.synchronize(); }
 
  private:
   c10::Event event_;
@@ -33,7 +36,7 @@ c10::DataPtr wrap(void* p) {
 
 c10::DataPtr TorchHostAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return wrap(nullptr);
-  return wrap(default_pool().allocate(nbytes));
+  return wrap(pool().allocate(nbytes));
 }
 
 c10::DeleterFnPtr TorchHostAllocator::raw_deleter() const { return &delete_block; }
@@ -51,7 +54,7 @@ at::Tensor try_empty_pinned(c10::IntArrayRef sizes, c10::ScalarType dtype, bool 
   int64_t numel = 1;
   for (int64_t s : sizes) numel *= s;
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  void* p = nbytes == 0 ? nullptr : default_pool().try_allocate(nbytes, lock);
+  void* p = nbytes == 0 ? nullptr : pool().try_allocate(nbytes, lock);
   if (nbytes != 0 && p == nullptr) return {};
   auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, wrap(p),
                                                        &torch_host_allocator(), /*resizable=*/false);
@@ -61,7 +64,7 @@ at::Tensor try_empty_pinned(c10::IntArrayRef sizes, c10::ScalarType dtype, bool 
 
 void record_stream(const void* data, c10::Stream stream) {
   if (data == nullptr || stream.device_type() == c10::DeviceType::CPU) return;  // CPU work is synchronous
-  default_pool().record_fence(const_cast<void*>(data), std::make_shared<EventFence>(stream));
+  pool().record_fence(const_cast<void*>(data), std::make_shared<EventFence>(stream));
 }
 
 }  // namespace pins

@@ -1,6 +1,7 @@
-// The c10::Allocator adapter over the default host pool, so that a pin is an
-// ordinary CPU tensor (and is_pinned() on a CUDA machine), and the c10::Event
-// fence that protects a pin while a copy from it is in flight.
+// The c10::Allocator adapter over the process-wide host pool
+// (Runtime::get().pool(), csrc/runtime/runtime.h), so that a pin is an ordinary
+// CPU tensor (and is_pinned() on a CUDA machine), and the c10::Event fence that
+// protects a pin while a copy from it is in flight.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,7 +19,8 @@ class TorchHostAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 };
 
-// The process-wide adapter (over default_pool()).
+// The process-wide adapter (over Runtime::get().pool()). Its first use builds the
+// Runtime from PINS_CONF: a bad PINS_CONF throws pins::ValueError.
 TorchHostAllocator& torch_host_allocator();
 
 // An empty CPU tensor whose storage is a pool block; undefined when the pool
@@ -26,7 +28,7 @@ TorchHostAllocator& torch_host_allocator();
 at::Tensor try_empty_pinned(c10::IntArrayRef sizes, c10::ScalarType dtype, bool lock = true);
 
 // Records an event on `stream` against the pool block behind `data`, which must
-// come from the default pool: the block is not reused until the stream passes it.
+// come from the process-wide pool: the block is not reused until the stream passes it.
 void record_stream(const void* data, c10::Stream stream);
 
 }  // namespace pins

@@ -5,11 +5,13 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
 
 #include "csrc/base/check.h"
+#include "csrc/base/size.h"
 
 namespace pins {
 namespace {
@@ -30,12 +32,69 @@ class FakeFence : public Fence {
  public:
   explicit FakeFence(std::atomic<bool>* flag) : flag_(flag) {}
   bool done() override { return flag_->load(); }
-  void wait() override {
-    while (!flag_->load()) std::this_thread::yield();
-  }
 
  private:
   std::atomic<bool>* flag_;
+};
+
+// A HostPool whose invariants (Note [Host pool invariants]) are checked after
+// every call that may change it, whether the call returns or throws. Under
+// several threads each check sees the others' calls half done.
+class CheckedPool {
+ public:
+  CheckedPool(std::unique_ptr<HostBackend> backend, PoolOptions options) : pool_(std::move(backend), options) {
+    check();
+  }
+  void* try_allocate(size_t size, bool lock = true) {
+    Checker c{*this};
+    return pool_.try_allocate(size, lock);
+  }
+  void* allocate(size_t size, bool lock = true) {
+    Checker c{*this};
+    return pool_.allocate(size, lock);
+  }
+  void free(void* ptr) {
+    Checker c{*this};
+    pool_.free(ptr);
+  }
+  void record_fence(void* ptr, std::shared_ptr<Fence> fence) {
+    Checker c{*this};
+    pool_.record_fence(ptr, std::move(fence));
+  }
+  bool in_flight(void* ptr) { return pool_.in_flight(ptr); }
+  size_t trim(size_t keep_idle = 0) {
+    Checker c{*this};
+    return pool_.trim(keep_idle);
+  }
+  size_t unlock(void* ptr) {
+    Checker c{*this};
+    return pool_.unlock(ptr);
+  }
+  void set_cap(size_t cap) {
+    Checker c{*this};
+    pool_.set_cap(cap);
+  }
+  void reset_accumulated() {
+    Checker c{*this};
+    pool_.reset_accumulated();
+  }
+  void reset_peak() {
+    Checker c{*this};
+    pool_.reset_peak();
+  }
+  size_t requested_size(void* ptr) const { return pool_.requested_size(ptr); }
+  bool is_locked(void* ptr) const { return pool_.is_locked(ptr); }
+  size_t cap() const { return pool_.cap(); }
+  PoolStats stats() const { return pool_.stats(); }
+  PoolSnapshot snapshot() const { return pool_.snapshot(); }
+  void check() const { EXPECT_NO_THROW(pool_.check_invariants()); }
+
+ private:
+  struct Checker {
+    const CheckedPool& p;
+    ~Checker() { p.check(); }
+  };
+  HostPool pool_;
 };
 
 int64_t rss_kib() {
@@ -47,7 +106,7 @@ int64_t rss_kib() {
 }
 
 TEST(HostPool, ReusesAFreedBlockWithoutNewCommit) {
-  HostPool pool(make_null_backend(), opts());
+  CheckedPool pool(make_null_backend(), opts());
   void* a = pool.allocate(300 * KiB);
   pool.free(a);
   void* b = pool.allocate(300 * KiB);
@@ -57,7 +116,7 @@ TEST(HostPool, ReusesAFreedBlockWithoutNewCommit) {
 }
 
 TEST(HostPool, NoPowerOfTwoRounding) {
-  HostPool pool(make_null_backend(), opts());
+  CheckedPool pool(make_null_backend(), opts());
   void* p = pool.allocate(5000);
   const PoolStats s = pool.stats();
   EXPECT_EQ(s.requested_bytes.current, 5000);
@@ -67,7 +126,7 @@ TEST(HostPool, NoPowerOfTwoRounding) {
 }
 
 TEST(HostPool, LargeRequestGetsAnExactExtent) {
-  HostPool pool(make_null_backend(), opts());
+  CheckedPool pool(make_null_backend(), opts());
   const size_t n = 100 * MiB + 12345;  // larger than extent_min and segment_size
   void* p = pool.allocate(n);
   const PoolStats s = pool.stats();
@@ -77,7 +136,7 @@ TEST(HostPool, LargeRequestGetsAnExactExtent) {
 }
 
 TEST(HostPool, SplitsAndCoalesces) {
-  HostPool pool(make_null_backend(), opts(1 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB));
   void* a = pool.allocate(256 * KiB);
   void* b = pool.allocate(256 * KiB);
   void* c = pool.allocate(256 * KiB);
@@ -100,7 +159,7 @@ TEST(HostPool, SplitsAndCoalesces) {
 }
 
 TEST(HostPool, CapRefusesCleanly) {
-  HostPool pool(make_null_backend(), opts(1 * MiB, 4 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 4 * MiB));
   void* a = pool.allocate(3 * MiB);
   const PoolStats before = pool.stats();
   EXPECT_EQ(pool.try_allocate(2 * MiB), nullptr);
@@ -125,7 +184,7 @@ TEST(HostPool, CapRefusesCleanly) {
 }
 
 TEST(HostPool, CapDecommitsIdleExtentsToMakeRoom) {
-  HostPool pool(make_null_backend(), opts(1 * MiB, 4 * MiB, 64 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 4 * MiB, 64 * MiB));
   void* a = pool.allocate(3 * MiB);
   pool.free(a);  // idle, still committed (retain_free is large)
   EXPECT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(3 * MiB));
@@ -138,7 +197,7 @@ TEST(HostPool, CapDecommitsIdleExtentsToMakeRoom) {
 }
 
 TEST(HostPool, RetainsIdleUpToThresholdThenTrims) {
-  HostPool pool(make_null_backend(), opts(1 * MiB, 0, 8 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 0, 8 * MiB));
   void* a = pool.allocate(6 * MiB);
   void* b = pool.allocate(6 * MiB);
   pool.free(a);  // 6 MiB idle <= 8 MiB: kept
@@ -154,7 +213,7 @@ TEST(HostPool, RetainsIdleUpToThresholdThenTrims) {
 }
 
 TEST(HostPool, DecommitLowersRss) {
-  HostPool pool(make_cpu_backend(false), opts(1 * MiB, 0, 0));
+  CheckedPool pool(make_cpu_backend(false), opts(1 * MiB, 0, 0));
   const size_t n = 64 * MiB;
   const int64_t base = rss_kib();
   void* p = pool.allocate(n);
@@ -168,7 +227,7 @@ TEST(HostPool, DecommitLowersRss) {
 }
 
 TEST(HostPool, StatsArithmetic) {
-  HostPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
   void* a = pool.allocate(1000);      // 1024 allocated
   void* b = pool.allocate(2 * MiB);   // its own 2 MiB extent
   PoolStats s = pool.stats();
@@ -201,7 +260,7 @@ TEST(HostPool, StatsArithmetic) {
 }
 
 TEST(HostPool, UnlockedRequestsUseSeparateExtents) {
-  HostPool pool(make_null_backend(), opts(1 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB));
   void* locked = pool.allocate(4096, true);
   void* plain = pool.allocate(4096, false);
   EXPECT_TRUE(pool.is_locked(locked));
@@ -212,7 +271,7 @@ TEST(HostPool, UnlockedRequestsUseSeparateExtents) {
 }
 
 TEST(HostPool, FencedBlockIsNotReusedUntilDone) {
-  HostPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
   std::atomic<bool> done{false};
   void* a = pool.allocate(64 * KiB);
   pool.record_fence(a, std::make_shared<FakeFence>(&done));
@@ -232,7 +291,7 @@ TEST(HostPool, FencedBlockIsNotReusedUntilDone) {
 }
 
 TEST(HostPool, CompletedFencesArePrunedOnRecord) {
-  HostPool pool(make_null_backend(), opts());
+  CheckedPool pool(make_null_backend(), opts());
   std::atomic<bool> done{true};
   std::atomic<bool> pending{false};
   void* a = pool.allocate(4096);
@@ -247,7 +306,7 @@ TEST(HostPool, CompletedFencesArePrunedOnRecord) {
 }
 
 TEST(HostPool, BadPointersAndSizesAreErrors) {
-  HostPool pool(make_null_backend(), opts());
+  CheckedPool pool(make_null_backend(), opts());
   int x = 0;
   EXPECT_THROW(pool.free(&x), ValueError);
   void* a = pool.allocate(4096);
@@ -259,7 +318,7 @@ TEST(HostPool, BadPointersAndSizesAreErrors) {
 }
 
 TEST(HostPool, EightThreadsKeepTheirContents) {
-  HostPool pool(make_cpu_backend(false), opts(1 * MiB, 0, 16 * MiB));
+  CheckedPool pool(make_cpu_backend(false), opts(1 * MiB, 0, 16 * MiB));
   const unsigned seed = std::random_device{}();
   std::printf("HostPool.EightThreadsKeepTheirContents seed=%u\n", seed);
   std::atomic<int> errors{0};
@@ -300,7 +359,7 @@ TEST(HostPool, EightThreadsKeepTheirContents) {
 }
 
 TEST(HostPool, MlockBackendLocksPages) {
-  HostPool pool(make_cpu_backend(true), opts(1 * MiB, 0, 0));
+  CheckedPool pool(make_cpu_backend(true), opts(1 * MiB, 0, 0));
   void* p = pool.try_allocate(256 * KiB);
   if (p == nullptr) GTEST_SKIP() << "mlock refused here (RLIMIT_MEMLOCK); cannot test the mlock path";
   EXPECT_TRUE(pool.is_locked(p));
@@ -313,7 +372,7 @@ TEST(HostPool, MlockBackendLocksPages) {
 TEST(HostPool, CudaBackendRegistersHostMemory) {
   auto backend = make_cuda_backend();
   if (!backend) GTEST_SKIP() << "no CUDA device (or pins built without CUDA): cudaHostRegister path not testable";
-  HostPool pool(std::move(backend), opts(1 * MiB, 0, 0));
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 0));
   EXPECT_STREQ(pool.stats().backend, "cuda");
   void* p = pool.allocate(3 * MiB);
   EXPECT_TRUE(pool.is_locked(p));
@@ -341,7 +400,7 @@ namespace pins {
 namespace {
 
 TEST(HostPoolUnlock, DropsTheExtentLockAndKeepsTheMemory) {
-  HostPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
   void* a = pool.allocate(64 * KiB);
   void* b = pool.allocate(64 * KiB);  // same extent
   EXPECT_EQ(pool.unlock(a), 1 * MiB);
@@ -361,7 +420,7 @@ TEST(HostPoolUnlock, DropsTheExtentLockAndKeepsTheMemory) {
 }
 
 TEST(HostPoolUnlock, RefusesWhileACopyIsInFlight) {
-  HostPool pool(make_null_backend(), opts(1 * MiB));
+  CheckedPool pool(make_null_backend(), opts(1 * MiB));
   std::atomic<bool> done{false};
   void* a = pool.allocate(64 * KiB);
   void* b = pool.allocate(64 * KiB);
@@ -372,6 +431,206 @@ TEST(HostPoolUnlock, RefusesWhileACopyIsInFlight) {
   EXPECT_EQ(pool.unlock(a), 1 * MiB);
   pool.free(a);
   pool.free(b);
+}
+
+}  // namespace
+}  // namespace pins
+
+namespace pins {
+namespace {
+
+// Every call of the pool, in random order, on small extents and a moving cap;
+// CheckedPool checks the invariants after each.
+TEST(HostPoolInvariants, HoldAcrossRandomCalls) {
+  CheckedPool pool(make_null_backend(), opts(256 * KiB, 0, 1 * MiB));
+  const unsigned seed = std::random_device{}();
+  std::printf("HostPoolInvariants.HoldAcrossRandomCalls seed=%u\n", seed);
+  std::mt19937 rng(seed);
+  std::vector<std::shared_ptr<std::atomic<bool>>> flags;
+  std::vector<void*> live;
+  for (int i = 0; i < 3000; ++i) {
+    switch (rng() % 8) {
+      case 0:
+      case 1:
+      case 2: {
+        const size_t n = 1 + (rng() % (600 * KiB)) / (1u << (rng() % 6));
+        if (void* p = pool.try_allocate(n, rng() % 4 != 0)) live.push_back(p);
+        break;
+      }
+      case 3:
+      case 4:
+        if (!live.empty()) {
+          const size_t k = rng() % live.size();
+          pool.free(live[k]);
+          live.erase(live.begin() + static_cast<long>(k));
+        }
+        break;
+      case 5:
+        if (!live.empty()) {
+          flags.push_back(std::make_shared<std::atomic<bool>>(false));
+          pool.record_fence(live[rng() % live.size()], std::make_shared<FakeFence>(flags.back().get()));
+        }
+        break;
+      case 6:
+        if (!live.empty()) pool.unlock(live[rng() % live.size()]);
+        break;
+      case 7:
+        if (!flags.empty()) *flags[rng() % flags.size()] = true;  // a copy completes
+        if (rng() % 4 == 0) pool.trim(rng() % 2 ? 0 : 512 * KiB);
+        if (rng() % 8 == 0) pool.set_cap(rng() % 2 ? 0 : 4 * MiB);
+        break;
+    }
+  }
+  for (auto& f : flags) *f = true;
+  for (void* p : live) pool.free(p);
+  pool.trim(0);
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.blocks.current, 0);
+  EXPECT_EQ(s.committed_bytes.current, 0);
+  EXPECT_EQ(s.reserved_bytes.current, 0);
+}
+
+// A pool with allocated, free, parked, idle and unlocked parts, and a snapshot
+// of it.
+class BusyPool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = pool_.allocate(64 * KiB);
+    void* b = pool_.allocate(100 * KiB);
+    void* c = pool_.allocate(3 * KiB);
+    big_ = pool_.allocate(2 * MiB);         // an extent of its own
+    plain_ = pool_.allocate(4 * KiB, false);  // an unlocked extent
+    void* idle = pool_.allocate(3 * MiB);
+    pool_.free(idle);  // an idle extent
+    pool_.free(b);     // a hole between a and c
+    pool_.record_fence(c, std::make_shared<FakeFence>(&pending_));
+    pool_.free(c);  // parked
+    good_ = pool_.snapshot();
+  }
+  void TearDown() override {
+    pending_ = true;
+    for (void* p : {a_, big_, plain_}) pool_.free(p);
+    pool_.trim(0);
+    pool_.check_invariants();
+    EXPECT_EQ(pool_.stats().committed_bytes.current, 0);
+  }
+
+  std::atomic<bool> pending_{false};
+  HostPool pool_{make_null_backend(), opts(1 * MiB, 0, 64 * MiB)};
+  void* a_ = nullptr;
+  void* big_ = nullptr;
+  void* plain_ = nullptr;
+  PoolSnapshot good_;
+};
+
+const PoolSnapshot::Block& first(const PoolSnapshot& s, BlockState state) {
+  for (const auto& b : s.blocks)
+    if (b.state == state) return b;
+  throw std::logic_error("no such block in the snapshot");
+}
+
+size_t index_of(const PoolSnapshot& s, uintptr_t addr) {
+  for (size_t i = 0; i < s.blocks.size(); ++i)
+    if (s.blocks[i].addr == addr) return i;
+  throw std::logic_error("no such block in the snapshot");
+}
+
+TEST_F(BusyPool, SnapshotPasses) {
+  EXPECT_NO_THROW(check_snapshot(good_));
+  EXPECT_NO_THROW(pool_.check_invariants());
+  EXPECT_EQ(good_.parked.size(), 1u);
+  EXPECT_EQ(good_.idle.size(), 1u);
+  EXPECT_EQ(good_.extents.size(), 4u);
+  EXPECT_FALSE(good_.free[0].empty());
+  EXPECT_FALSE(good_.free[1].empty());
+}
+
+// Each corruption of a consistent snapshot is caught, and the message names it.
+TEST_F(BusyPool, EachCorruptionIsCaught) {
+  const PoolSnapshot& good = good_;
+  ASSERT_NO_THROW(check_snapshot(good));
+  const PoolSnapshot::Block alloc = first(good, BlockState::Allocated);
+  const PoolSnapshot::Block hole = first(good, BlockState::Free);
+  struct Case {
+    const char* name;
+    std::function<void(PoolSnapshot&)> corrupt;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"a block grows over its neighbour", [&](PoolSnapshot& s) { s.blocks[index_of(s, alloc.addr)].size += 512; },
+       "do not tile"},
+      {"a block's next skips a block",
+       [&](PoolSnapshot& s) {
+         auto& b = s.blocks[index_of(s, alloc.addr)];
+         b.next = s.blocks[index_of(s, b.next)].next;
+       },
+       "do not tile"},
+      {"a block is lost from the map",
+       [&](PoolSnapshot& s) { s.blocks.erase(s.blocks.begin() + static_cast<long>(index_of(s, hole.addr))); },
+       "not a block"},
+      {"a free block is missing from its free set", [&](PoolSnapshot& s) { s.free[1].erase(s.free[1].begin()); },
+       "is missing free block"},
+      {"an allocated block is listed free",
+       [&](PoolSnapshot& s) { s.free[1].push_back({alloc.size, alloc.addr}); }, "free set lists"},
+      {"a free block sits in the other lock state's set",
+       [&](PoolSnapshot& s) {
+         s.free[0].push_back(s.free[1].front());
+         s.free[1].erase(s.free[1].begin());
+       },
+       "free set"},
+      {"two free neighbours did not coalesce",
+       [&](PoolSnapshot& s) {
+         auto& b = s.blocks[index_of(s, alloc.addr)];
+         b.state = BlockState::Free;
+         s.free[1].push_back({b.size, b.addr});
+         s.stats.allocated_bytes.current -= static_cast<int64_t>(b.size);
+         s.stats.requested_bytes.current -= static_cast<int64_t>(b.requested);
+         s.stats.blocks.current -= 1;
+         for (auto& e : s.extents)
+           if (e.base == b.extent) e.used--;
+       },
+       "did not coalesce"},
+      {"allocated_bytes drifts", [](PoolSnapshot& s) { s.stats.allocated_bytes.current += 512; }, "allocated_bytes"},
+      {"requested_bytes drifts", [](PoolSnapshot& s) { s.stats.requested_bytes.current -= 1; }, "requested_bytes"},
+      {"the live block count drifts", [](PoolSnapshot& s) { s.stats.blocks.current += 1; }, "blocks is"},
+      {"committed_bytes drifts", [](PoolSnapshot& s) { s.stats.committed_bytes.current += 4096; },
+       "committed_bytes"},
+      {"locked_bytes counts an unlocked extent",
+       [](PoolSnapshot& s) { s.stats.locked_bytes.current += 1 * MiB; }, "locked_bytes"},
+      {"reserved_bytes drifts", [](PoolSnapshot& s) { s.stats.reserved_bytes.current -= 4096; }, "reserved_bytes"},
+      {"an extent miscounts its blocks in use", [](PoolSnapshot& s) { s.extents.front().used += 1; },
+       "blocks in use"},
+      {"the idle set forgets an idle extent", [](PoolSnapshot& s) { s.idle.clear(); }, "idle set"},
+      {"idle_bytes drifts", [](PoolSnapshot& s) { s.idle_bytes += 4096; }, "idle_bytes"},
+      {"ranges_by_size misses a range", [](PoolSnapshot& s) { s.ranges_by_size.pop_back(); }, "ranges_by_size"},
+      {"a segment miscounts its free space", [](PoolSnapshot& s) { s.segments.front().free_space -= 4096; },
+       "bytes are free"},
+      {"a free range overlaps an extent",
+       [](PoolSnapshot& s) {
+         s.ranges.front().addr -= 4096;
+         s.ranges.front().size += 4096;
+         s.ranges_by_size = {{s.ranges.front().size, s.ranges.front().addr}};
+         s.segments.front().free_space += 4096;
+       },
+       "overlaps"},
+      {"an extent leaves its segment", [](PoolSnapshot& s) { s.extents.back().size += 64 * MiB; },
+       "not inside its segment"},
+      {"the parked list forgets a parked block", [](PoolSnapshot& s) { s.parked.clear(); }, "parked"},
+  };
+  ASSERT_EQ(good.segments.size(), 1u);
+  ASSERT_EQ(good.ranges.size(), 1u);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    PoolSnapshot bad = good;
+    c.corrupt(bad);
+    try {
+      check_snapshot(bad);
+      ADD_FAILURE() << "not caught";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("Note [Host pool invariants]"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

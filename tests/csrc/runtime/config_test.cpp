@@ -117,6 +117,25 @@ TEST(Config, KeysAreClosedAndListed) {
   for (const auto& k : keys) EXPECT_NO_THROW(error_of(k + ":1")) << k;
 }
 
+TEST(Config, PoolOptionsComeFromThePoolKeys) {
+  const PoolOptions o =
+      pool_options(parse_config("segment_size:256MiB,extent_min:4MiB,alignment:64,cap:3GiB,retain_free:1MiB"));
+  EXPECT_EQ(o.segment_size, 256 * MiB);
+  EXPECT_EQ(o.extent_min, 4 * MiB);
+  EXPECT_EQ(o.alignment, 64u);
+  EXPECT_EQ(o.cap, 3 * GiB);
+  EXPECT_EQ(o.retain_free, 1 * MiB);
+  // The defaults of both agree.
+  const PoolOptions d = pool_options(Config{});
+  const PoolOptions plain;
+  EXPECT_EQ(d.segment_size, plain.segment_size);
+  EXPECT_EQ(d.extent_min, plain.extent_min);
+  EXPECT_EQ(d.alignment, plain.alignment);
+  EXPECT_EQ(d.cap, plain.cap);
+  EXPECT_EQ(d.retain_free, plain.retain_free);
+  EXPECT_STREQ(to_string(parse_config("backend:NULL").backend), "null");
+}
+
 TEST(Config, ReadsEnvironment) {
   ASSERT_EQ(setenv("PINS_CONF", "policy:lru,headroom:1G", 1), 0);
   const Config c = config_from_env();

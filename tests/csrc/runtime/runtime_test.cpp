@@ -1,0 +1,140 @@
+#include "csrc/runtime/runtime.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "csrc/base/check.h"
+#include "tests/csrc/system/fixture_root.h"
+
+namespace pins {
+namespace {
+
+using testing::FixtureRoot;
+
+// A system root with plenty of available RAM, so a monitor never relieves.
+class RuntimeTest : public ::testing::Test {
+ protected:
+  RuntimeTest() {
+    root_.write("proc/meminfo",
+                "MemTotal:       67108864 kB\n"
+                "MemAvailable:   62914560 kB\n"
+                "SwapTotal:      0 kB\n"
+                "SwapFree:       0 kB\n");
+  }
+  Config config(const std::string& extra = "") const {
+    return parse_config("backend:null,segment_size:64MiB,extent_min:1MiB,cap:8MiB,system_root:" + root_.path() +
+                        (extra.empty() ? "" : "," + extra));
+  }
+  FixtureRoot root_;
+};
+
+TEST_F(RuntimeTest, BuildsThePoolFromTheConfiguration) {
+  Runtime rt(config("retain_free:0"));
+  EXPECT_STREQ(rt.pool().stats().backend, "null");
+  EXPECT_EQ(rt.pool().cap(), 8 * MiB);
+  void* p = rt.pool().allocate(300 * KiB);
+  EXPECT_EQ(rt.pool().stats().committed_bytes.current, static_cast<int64_t>(1 * MiB));  // extent_min
+  rt.pool().free(p);
+  EXPECT_EQ(rt.pool().stats().committed_bytes.current, 0) << "retain_free:0 did not reach the pool";
+  EXPECT_FALSE(rt.monitor_running());
+  EXPECT_EQ(rt.balancer().config().cap, 8 * MiB);
+  EXPECT_EQ(rt.probe().read().available, 62914560ull * KiB);
+}
+
+TEST_F(RuntimeTest, ConfigureAppliesCapAndRefusesPoolKeys) {
+  Runtime rt(config());
+  rt.configure("cap:16MiB,headroom:1GiB");
+  EXPECT_EQ(rt.pool().cap(), 16 * MiB);
+  EXPECT_EQ(rt.balancer().config().headroom, 1 * GiB);
+  EXPECT_EQ(rt.config().cap, 16 * MiB);
+  for (const char* key : {"backend:cpu", "segment_size:128MiB", "extent_min:4MiB", "alignment:64",
+                          "retain_free:1MiB", "mlock:true", "system_root:/elsewhere"}) {
+    SCOPED_TRACE(key);
+    try {
+      rt.configure(std::string("cap:32MiB,") + key);
+      ADD_FAILURE() << "not refused";
+    } catch (const ValueError& e) {
+      const std::string name = std::string(key).substr(0, std::string(key).find(':'));
+      EXPECT_NE(std::string(e.what()).find("'" + name + "'"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(rt.pool().cap(), 16 * MiB) << "a refused configure changed the cap";
+  }
+  EXPECT_THROW(rt.configure("cap:lots"), ValueError);
+  EXPECT_EQ(rt.config().cap, 16 * MiB);
+}
+
+TEST_F(RuntimeTest, MonitorStartsStopsAndRestarts) {
+  Runtime rt(config("monitor:true,monitor_interval_ms:5"));
+  EXPECT_TRUE(rt.monitor_running());
+  rt.configure("monitor_interval_ms:7");  // a new monitor replaces the old one
+  EXPECT_TRUE(rt.monitor_running());
+  rt.configure("monitor:false");
+  EXPECT_FALSE(rt.monitor_running());
+  rt.configure("headroom:2GiB");  // no monitor change: none started
+  EXPECT_FALSE(rt.monitor_running());
+  rt.configure("monitor:true");
+  EXPECT_TRUE(rt.monitor_running());
+}
+
+// Concurrent configure() calls that turn the monitor on and off and change its
+// interval: each replaced monitor is joined with no lock held, and at the end
+// the monitor runs exactly when the configuration says it does.
+TEST_F(RuntimeTest, ConcurrentConfigureEndsConsistent) {
+  Runtime rt(config("monitor_interval_ms:3"));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&rt, t] {
+      for (int i = 0; i < 25; ++i) {
+        const bool on = (i + t) % 2 == 0;
+        rt.configure(std::string("monitor:") + (on ? "true" : "false") +
+                     ",monitor_interval_ms:" + std::to_string(1 + (i * 7 + t) % 9));
+        EXPECT_NO_THROW(rt.config());
+        (void)rt.monitor_running();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(rt.monitor_running(), rt.config().monitor);
+  rt.configure("monitor:true");
+  EXPECT_TRUE(rt.monitor_running());
+  rt.configure("monitor:false");
+  EXPECT_FALSE(rt.monitor_running());
+}
+
+// The process-wide instance in a fresh process (it lives for the whole process,
+// so the parent may have built it already): a bad PINS_CONF throws and the next
+// call tries again; once built, PINS_CONF is not read again.
+[[noreturn]] void get_twice_then_exit() {
+  const auto fail = [](const char* why) {
+    std::fprintf(stderr, "runtime-get-failed: %s\n", why);
+    std::_Exit(1);
+  };
+  ::setenv("PINS_CONF", "backend:floppy", 1);
+  try {
+    Runtime::get();
+    fail("a bad PINS_CONF was accepted");
+  } catch (const ValueError& e) {
+    if (std::string(e.what()).find("floppy") == std::string::npos) fail(e.what());
+  }
+  ::setenv("PINS_CONF", "backend:null", 1);
+  Runtime& rt = Runtime::get();
+  if (std::string(rt.pool().stats().backend) != "null") fail("the retry did not use the new PINS_CONF");
+  ::setenv("PINS_CONF", "backend:cpu", 1);
+  if (&Runtime::get() != &rt) fail("PINS_CONF was parsed twice");
+  std::fprintf(stderr, "runtime-get-ok\n");
+  std::exit(0);
+}
+
+TEST(RuntimeGetDeathTest, BadPinsConfThrowsAndTheNextCallRetries) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // re-executes the test binary: no instance yet
+  EXPECT_EXIT(get_twice_then_exit(), ::testing::ExitedWithCode(0), "runtime-get-ok");
+}
+
+}  // namespace
+}  // namespace pins
