@@ -1,29 +1,16 @@
-// C++ entry points of the pins ops. Each calls through the dispatcher (the typed
-// handle cached in a static), so C++, Python and TorchScript run the same path.
+// The C++ entry points of the pins ops: the header a C++ app includes.
+//
+// One header per op (or per group of ops defined in one file), as torchvision's
+// csrc/ops/ops.h. Each entry point calls its op through the dispatcher (the
+// typed handle cached in a static), so C++, Python and TorchScript run the same
+// kernel. Bad argument values throw c10::ValueError (Python ValueError); a
+// request that cannot be served in the current state throws c10::Error
+// (RuntimeError). Both name what was wrong.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
-#include <c10/core/ScalarType.h>
-#include <ATen/core/Dict.h>
-
-#include <optional>
-#include <string>
-#include <vector>
-
-namespace pins::ops {
-
-int64_t register_model(const std::string& name, c10::Device load_device);
-void forget_model(int64_t model);
-void set_active(int64_t model, bool active);
-void mark_prompt(const std::vector<int64_t>& models);
-void end_prompt();
-at::Tensor cast_to_device(const at::Tensor& source, c10::Device device,
-                          std::optional<c10::ScalarType> dtype = std::nullopt, bool non_blocking = false,
-                          int64_t model = -1, const std::string& kind = "weights", bool resident = false,
-                          std::optional<int64_t> signature = std::nullopt);
-int64_t free_pins(int64_t bytes, bool evict_active = false);
-c10::Dict<std::string, int64_t> stats();
-void configure(const std::string& conf);
-
-}  // namespace pins::ops
+#include <pins/ops/cast_to_device.h>  // IWYU pragma: export
+#include <pins/ops/configure.h>       // IWYU pragma: export
+#include <pins/ops/free_pins.h>       // IWYU pragma: export
+#include <pins/ops/models.h>          // IWYU pragma: export
+#include <pins/ops/prompt.h>          // IWYU pragma: export
+#include <pins/ops/stats.h>           // IWYU pragma: export

@@ -10,23 +10,28 @@
 // is done), and a dtype conversion, if any, runs on the copy, exactly as
 // `source.to(device).to(dtype)` would.
 //
-// Sources: a CPU, strided, non-quantized tensor. The result never requires
-// grad: pins serves weights for inference. A non-contiguous source is
-// pinned as a contiguous copy of its elements (keyed by its layout too), and
-// the result is contiguous. A pin is tied to its source's storage through a weak
+// Sources: a CPU, strided, non-quantized tensor; anything else is a
+// c10::ValueError naming the argument, as is any other bad argument value (Note
+// [Error types] in ops/library.cpp). The result never requires grad: pins
+// serves weights for inference. A non-contiguous source is pinned as a
+// contiguous copy of its elements (keyed by its layout too), and the result is
+// contiguous. A pin is tied to its source's storage through a weak
 // reference and to its version counter, so a source that died or was written
 // in place is re-pinned, never served stale. Inference tensors have no version
 // counter: they are copied directly, never pinned.
+#include <pins/ops/cast_to_device.h>
+
 #include <ATen/ATen.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
-#include "ops/allocator/torch_allocator.h"
+#include <type_traits>
+
 #include "csrc/base/nvtx.h"
+#include "ops/allocator/torch_allocator.h"
 #include "ops/common.h"
-#include <pins/ops.h>
 
 namespace pins::ops {
 namespace {
@@ -51,7 +56,8 @@ uint64_t layout_hash(const at::Tensor& t) {
 
 at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
                       bool non_blocking) {
-  at::Tensor out = at::empty(source.sizes(), source.options().device(device).memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out =
+      at::empty(source.sizes(), source.options().device(device).memory_format(at::MemoryFormat::Contiguous));
   out.copy_(source, non_blocking);
   return dtype && *dtype != source.scalar_type() ? out.to(*dtype) : out;
 }
@@ -59,48 +65,51 @@ at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optiona
 at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
                                  bool non_blocking, int64_t model, c10::string_view kind, bool resident,
                                  std::optional<int64_t> signature) {
-  TORCH_CHECK(source.defined(), "cast_to_device: source is an undefined tensor");
+  TORCH_CHECK_VALUE(source.defined(), "cast_to_device: source is an undefined tensor");
   // Weights are served for inference: no autograd graph through the pin copies.
   at::NoGradGuard no_grad;
-  TORCH_CHECK(source.layout() == c10::kStrided, "cast_to_device: source must be a dense (strided) tensor, got layout ",
-              source.layout());
-  TORCH_CHECK(!source.is_quantized(), "cast_to_device: source must not be quantized, got dtype ", source.scalar_type());
-  TORCH_CHECK(source.device().is_cpu(), "cast_to_device: source must be a CPU tensor, got device ", source.device());
+  TORCH_CHECK_VALUE(source.layout() == c10::kStrided,
+                    "cast_to_device: source must be a dense (strided) tensor, got layout ", source.layout());
+  TORCH_CHECK_VALUE(!source.is_quantized(), "cast_to_device: source must not be quantized, got dtype ",
+                    source.scalar_type());
+  TORCH_CHECK_VALUE(source.device().is_cpu(), "cast_to_device: source must be a CPU tensor, got device ",
+                    source.device());
   Kind k;
   if (kind == "weights") {
     k = Kind::Weights;
   } else if (kind == "patches") {
     k = Kind::Patches;
   } else {
-    TORCH_CHECK(false, "cast_to_device: kind must be 'weights' or 'patches', got '", std::string(kind), "'");
+    TORCH_CHECK_VALUE(false, "cast_to_device: kind must be 'weights' or 'patches', got '", kind, "'");
   }
-  TORCH_CHECK(!signature || k == Kind::Patches, "cast_to_device: signature identifies a patch set and needs "
-              "kind='patches', got kind='weights' with signature ", *signature);
-  TORCH_CHECK(model >= -1, "cast_to_device: model must be a registered model id or -1, got ", model);
+  TORCH_CHECK_VALUE(!signature || k == Kind::Patches,
+                    "cast_to_device: signature identifies a patch set and needs kind='patches', got kind='weights' "
+                    "with signature ",
+                    *signature);
+  TORCH_CHECK_VALUE(model >= -1, "cast_to_device: model must be a registered model id or -1, got ", model);
   if (model == -1) return plain_copy(source, device, dtype, non_blocking);
 
   PINS_RANGE("pins::cast_to_device");
   Balancer& bal = balancer();
-  TORCH_CHECK(bal.has_model(model), "cast_to_device: model ", model, " is not registered");
+  TORCH_CHECK_VALUE(bal.has_model(model), "cast_to_device: model ", model, " is not registered");
   const size_t nbytes = static_cast<size_t>(source.numel()) * source.element_size();
   if (nbytes == 0 || source.is_inference()) return plain_copy(source, device, dtype, non_blocking);
 
   Request r;
   r.model = model;
   r.key = PinKey{reinterpret_cast<uint64_t>(source.storage().unsafeGetStorageImpl()),
-                 static_cast<uint64_t>(source.storage_offset()) * source.element_size(), nbytes,
-                 layout_hash(source)};
+                 static_cast<uint64_t>(source.storage_offset()) * source.element_size(), nbytes, layout_hash(source)};
   r.bytes = nbytes;
   r.kind = k;
   r.resident = resident;
   r.signature = signature;
   r.version = source._version();
-  Lease lease = translate([&] {
-    return bal.acquire(r, [&] { return std::make_unique<StorageGuard>(source.storage()); });
-  });
+  Lease lease =
+      translate([&] { return bal.acquire(r, [&] { return std::make_unique<StorageGuard>(source.storage()); }); });
   if (!lease) return plain_copy(source, device, dtype, non_blocking);
 
-  at::Tensor pin = at::from_blob(lease.data(), source.sizes(), source.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor pin =
+      at::from_blob(lease.data(), source.sizes(), source.options().memory_format(at::MemoryFormat::Contiguous));
   if (lease.needs_fill()) {
     PINS_RANGE("pins::fill");
     pin.copy_(source);
@@ -122,18 +131,20 @@ at::Tensor cast_to_device_autograd(const at::Tensor& source, c10::Device device,
                                    bool non_blocking, int64_t model, c10::string_view kind, bool resident,
                                    std::optional<int64_t> signature) {
   at::AutoDispatchBelowADInplaceOrView below;
-  return cast_to_device(source, device, dtype, non_blocking, model, std::string(kind), resident, signature);
+  return cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature);
 }
+
+// The kernels take exactly the entry point's (the schema's) C++ types.
+static_assert(std::is_same_v<decltype(cast_to_device_kernel), decltype(cast_to_device)>);
+static_assert(std::is_same_v<decltype(cast_to_device_autograd), decltype(cast_to_device)>);
 
 }  // namespace
 
 at::Tensor cast_to_device(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
-                          bool non_blocking, int64_t model, const std::string& kind, bool resident,
+                          bool non_blocking, int64_t model, c10::string_view kind, bool resident,
                           std::optional<int64_t> signature) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("pins::cast_to_device", "")
-                       .typed<at::Tensor(const at::Tensor&, c10::Device, std::optional<c10::ScalarType>, bool,
-                                         int64_t, c10::string_view, bool, std::optional<int64_t>)>();
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("pins::cast_to_device", "").typed<decltype(cast_to_device)>();
   return op.call(source, device, dtype, non_blocking, model, kind, resident, signature);
 }
 

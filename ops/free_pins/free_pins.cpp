@@ -1,23 +1,27 @@
 // pins::free_pins: frees pinned bytes along the eviction tiers on request.
+#include <pins/ops/free_pins.h>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <type_traits>
+
 #include "ops/common.h"
-#include <pins/ops.h>
 
 namespace pins::ops {
 namespace {
 
 int64_t free_pins_kernel(int64_t bytes, bool evict_active) {
-  TORCH_CHECK(bytes >= 0, "free_pins: bytes must be non-negative, got ", bytes);
+  TORCH_CHECK_VALUE(bytes >= 0, "free_pins: bytes must be non-negative, got ", bytes);
   return translate([&] { return static_cast<int64_t>(balancer().free(static_cast<size_t>(bytes), evict_active)); });
 }
+
+static_assert(std::is_same_v<decltype(free_pins_kernel), decltype(free_pins)>);
 
 }  // namespace
 
 int64_t free_pins(int64_t bytes, bool evict_active) {
-  static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("pins::free_pins", "").typed<int64_t(int64_t, bool)>();
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("pins::free_pins", "").typed<decltype(free_pins)>();
   return op.call(bytes, evict_active);
 }
 

@@ -1,15 +1,22 @@
-// pins::register_model, pins::forget_model, pins::set_active.
+// pins::register_model, pins::forget_model, pins::set_active: the models the
+// balancer keeps pins for. An id that names no registered model is a
+// pins::ValueError from the balancer, a c10::ValueError here (Note [Error types]
+// in ops/library.cpp).
+#include <pins/ops/models.h>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <string>
+#include <type_traits>
+
 #include "ops/common.h"
-#include <pins/ops.h>
 
 namespace pins::ops {
 namespace {
 
 int64_t register_model_kernel(c10::string_view name, c10::Device load_device) {
-  TORCH_CHECK(!name.empty(), "register_model: name must not be empty");
+  TORCH_CHECK_VALUE(!name.empty(), "register_model: name must not be empty");
   return translate([&] { return balancer().register_model(std::string(name), load_device.str()); });
 }
 
@@ -25,24 +32,26 @@ void set_active_kernel(int64_t model, bool active) {
   });
 }
 
+static_assert(std::is_same_v<decltype(register_model_kernel), decltype(register_model)>);
+static_assert(std::is_same_v<decltype(forget_model_kernel), decltype(forget_model)>);
+static_assert(std::is_same_v<decltype(set_active_kernel), decltype(set_active)>);
+
 }  // namespace
 
-int64_t register_model(const std::string& name, c10::Device load_device) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("pins::register_model", "")
-                       .typed<int64_t(c10::string_view, c10::Device)>();
+int64_t register_model(c10::string_view name, c10::Device load_device) {
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("pins::register_model", "").typed<decltype(register_model)>();
   return op.call(name, load_device);
 }
 
 void forget_model(int64_t model) {
   static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("pins::forget_model", "").typed<void(int64_t)>();
+      c10::Dispatcher::singleton().findSchemaOrThrow("pins::forget_model", "").typed<decltype(forget_model)>();
   op.call(model);
 }
 
 void set_active(int64_t model, bool active) {
-  static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("pins::set_active", "").typed<void(int64_t, bool)>();
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("pins::set_active", "").typed<decltype(set_active)>();
   op.call(model, active);
 }
 

@@ -1,9 +1,15 @@
-// pins::mark_prompt and pins::end_prompt (the prompt boundary).
+// pins::mark_prompt and pins::end_prompt: the prompt boundary. An id that names
+// no registered model is a c10::ValueError, and mark_prompt then marks none
+// (Note [Error types] in ops/library.cpp).
+#include <pins/ops/prompt.h>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <type_traits>
+#include <vector>
+
 #include "ops/common.h"
-#include <pins/ops.h>
 
 namespace pins::ops {
 namespace {
@@ -21,16 +27,19 @@ void end_prompt_kernel() {
   });
 }
 
+static_assert(std::is_same_v<decltype(mark_prompt_kernel), decltype(mark_prompt)>);
+static_assert(std::is_same_v<decltype(end_prompt_kernel), decltype(end_prompt)>);
+
 }  // namespace
 
-void mark_prompt(const std::vector<int64_t>& models) {
+void mark_prompt(c10::IntArrayRef models) {
   static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("pins::mark_prompt", "").typed<void(c10::IntArrayRef)>();
+      c10::Dispatcher::singleton().findSchemaOrThrow("pins::mark_prompt", "").typed<decltype(mark_prompt)>();
   op.call(models);
 }
 
 void end_prompt() {
-  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("pins::end_prompt", "").typed<void()>();
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("pins::end_prompt", "").typed<decltype(end_prompt)>();
   op.call();
 }
 

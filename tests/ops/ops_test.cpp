@@ -1,14 +1,87 @@
-// The ops through the dispatcher, as a C++ app calls them (include/pins/ops.h).
+// The ops through the dispatcher, as a C++ app calls them (include/pins/ops.h):
+// every op is registered once, every C++ entry point is typed with its schema's
+// C++ types and reaches its kernel, and bad values are c10::ValueError (Note
+// [Error types], ops/library.cpp).
 #include <pins/ops.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
 
 namespace {
 
 const c10::Device kCpu(c10::kCPU);
 
-int64_t stat(const std::string& key) { return pins::ops::stats().at(key); }
+int64_t stat(const std::string& key) {
+  return pins::ops::stats().at(key);
+}
+
+bool has_stat(const std::string& key) {
+  return pins::ops::stats().contains(key);
+}
+
+std::string model_key(int64_t m, const std::string& rest) {
+  return "model." + std::to_string(m) + "." + rest;
+}
+
+// Every op of the pins namespace.
+const std::set<std::string> kOps = {
+    "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt",
+    "cast_to_device", "free_pins",    "stats",      "configure",
+};
+
+TEST(PinsOps, EveryOpIsRegisteredOnceWithoutOverload) {
+  std::set<std::string> found;
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("pins::", 0) != 0) continue;
+    EXPECT_EQ(name.overload_name, "") << name.name;
+    EXPECT_TRUE(found.insert(name.name.substr(6)).second) << name.name;
+  }
+  EXPECT_EQ(found, kOps) << "an op was added or removed: update kOps, include/pins/ops.h and these tests";
+}
+
+TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
+  // The entry points cache these handles; typed<>() throws when the declared
+  // C++ signature differs from the registered kernel's.
+  const auto handle = [](const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); };
+  EXPECT_NO_THROW(handle("pins::register_model").typed<decltype(pins::ops::register_model)>());
+  EXPECT_NO_THROW(handle("pins::forget_model").typed<decltype(pins::ops::forget_model)>());
+  EXPECT_NO_THROW(handle("pins::set_active").typed<decltype(pins::ops::set_active)>());
+  EXPECT_NO_THROW(handle("pins::mark_prompt").typed<decltype(pins::ops::mark_prompt)>());
+  EXPECT_NO_THROW(handle("pins::end_prompt").typed<decltype(pins::ops::end_prompt)>());
+  EXPECT_NO_THROW(handle("pins::cast_to_device").typed<decltype(pins::ops::cast_to_device)>());
+  EXPECT_NO_THROW(handle("pins::free_pins").typed<decltype(pins::ops::free_pins)>());
+  EXPECT_NO_THROW(handle("pins::stats").typed<decltype(pins::ops::stats)>());
+  EXPECT_NO_THROW(handle("pins::configure").typed<decltype(pins::ops::configure)>());
+  // The schema's defaults are the header's defaults.
+  const c10::FunctionSchema& cast = handle("pins::cast_to_device").schema();
+  ASSERT_EQ(cast.arguments().size(), 8u);
+  EXPECT_EQ(cast.arguments()[5].name(), "kind");
+  EXPECT_EQ(cast.arguments()[5].default_value()->toStringRef(), "weights");
+  EXPECT_EQ(cast.arguments()[4].default_value()->toInt(), -1);
+  EXPECT_FALSE(handle("pins::free_pins").schema().arguments()[1].default_value()->toBool());
+}
+
+TEST(PinsOps, RegisterSetActiveAndForgetReachTheirKernels) {
+  const int64_t models = stat("models");
+  const int64_t m = pins::ops::register_model("dispatcher-models", kCpu);
+  EXPECT_EQ(stat("models"), models + 1);
+  EXPECT_EQ(stat(model_key(m, "active")), 0);
+  pins::ops::set_active(m, true);
+  EXPECT_EQ(stat(model_key(m, "active")), 1);
+  pins::ops::set_active(m, false);
+  EXPECT_EQ(stat(model_key(m, "active")), 0);
+  pins::ops::forget_model(m);
+  EXPECT_EQ(stat("models"), models);
+  EXPECT_FALSE(has_stat(model_key(m, "active")));
+  EXPECT_THROW(pins::ops::forget_model(m), c10::ValueError);
+}
 
 TEST(PinsOps, CastThroughTheDispatcherMissesThenHits) {
   const int64_t m = pins::ops::register_model("dispatcher-test", kCpu);
@@ -20,7 +93,10 @@ TEST(PinsOps, CastThroughTheDispatcherMissesThenHits) {
   EXPECT_TRUE(b.equal(a));
   EXPECT_EQ(stat("misses"), misses + 1);
   EXPECT_EQ(stat("hits"), hits + 1);
-  EXPECT_EQ(stat("model." + std::to_string(m) + ".weights.pins"), 1);
+  EXPECT_EQ(stat(model_key(m, "weights.pins")), 1);
+  // All defaults: a plain copy, no pin.
+  EXPECT_TRUE(pins::ops::cast_to_device(w, kCpu).equal(w));
+  EXPECT_EQ(stat("misses"), misses + 1);
   pins::ops::forget_model(m);
 }
 
@@ -30,12 +106,42 @@ TEST(PinsOps, PromptResidentAndFree) {
   pins::ops::set_active(m, true);
   const at::Tensor w = at::randn({1024});
   pins::ops::cast_to_device(w, kCpu, std::nullopt, false, m, "weights", /*resident=*/true);
-  EXPECT_EQ(stat("model." + std::to_string(m) + ".weights-loaded.pins"), 1);
-  EXPECT_EQ(stat("model." + std::to_string(m) + ".in_prompt"), 1);
+  EXPECT_EQ(stat(model_key(m, "weights-loaded.pins")), 1);
+  EXPECT_EQ(stat(model_key(m, "in_prompt")), 1);
   pins::ops::end_prompt();
-  EXPECT_EQ(stat("model." + std::to_string(m) + ".in_prompt"), 0);
+  EXPECT_EQ(stat(model_key(m, "in_prompt")), 0);
   pins::ops::set_active(m, false);
+  const int64_t pinned = stat("pinned_bytes");
   EXPECT_EQ(pins::ops::free_pins(1), 4096);
+  EXPECT_EQ(stat("pinned_bytes"), pinned - 4096);
+  EXPECT_EQ(pins::ops::free_pins(0), 0);
+  pins::ops::forget_model(m);
+}
+
+TEST(PinsOps, MarkPromptTakesAVector) {
+  const int64_t a = pins::ops::register_model("dispatcher-prompt-a", kCpu);
+  const int64_t b = pins::ops::register_model("dispatcher-prompt-b", kCpu);
+  const std::vector<int64_t> both = {a, b};
+  pins::ops::mark_prompt(both);
+  EXPECT_EQ(stat(model_key(a, "in_prompt")), 1);
+  EXPECT_EQ(stat(model_key(b, "in_prompt")), 1);
+  pins::ops::end_prompt();
+  EXPECT_EQ(stat(model_key(a, "in_prompt")), 0);
+  pins::ops::forget_model(a);
+  pins::ops::forget_model(b);
+}
+
+TEST(PinsOps, ConfigureReachesItsKernel) {
+  const int64_t m = pins::ops::register_model("dispatcher-configure", kCpu);
+  const std::string conf = "fast_disk:true";  // a std::string converts to the schema's c10::string_view
+  pins::ops::configure(conf);
+  // fast_disk: no new pins in the -loaded subsets, so a resident cast streams.
+  pins::ops::cast_to_device(at::randn({256}), kCpu, std::nullopt, false, m, "weights", /*resident=*/true);
+  EXPECT_EQ(stat(model_key(m, "weights-loaded.pins")), 0);
+  EXPECT_EQ(stat(model_key(m, "weights.pins")), 1);
+  pins::ops::configure("fast_disk:false");
+  pins::ops::cast_to_device(at::randn({256}), kCpu, std::nullopt, false, m, "weights", /*resident=*/true);
+  EXPECT_EQ(stat(model_key(m, "weights-loaded.pins")), 1);
   pins::ops::forget_model(m);
 }
 
@@ -44,12 +150,45 @@ TEST(PinsOps, ErrorsNameTheArgument) {
   try {
     pins::ops::cast_to_device(w, kCpu, std::nullopt, false, 424242);
     FAIL() << "no error for an unknown model";
-  } catch (const c10::Error& e) {
+  } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("model 424242 is not registered"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(pins::ops::free_pins(-1), c10::Error);
-  EXPECT_THROW(pins::ops::configure("nope:1"), c10::Error);
-  EXPECT_THROW(pins::ops::cast_to_device(w, kCpu, std::nullopt, false, -1, "bias"), c10::Error);
+  try {
+    pins::ops::configure("nope:1");
+    FAIL() << "no error for an unknown key";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown key 'nope'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PinsOps, BadValuesAreValueErrors) {
+  const int64_t m = pins::ops::register_model("dispatcher-errors", kCpu);
+  const std::vector<std::pair<const char*, std::function<void()>>> bad = {
+      {"meta source", [&] { pins::ops::cast_to_device(at::empty({4}, at::kMeta), kCpu, std::nullopt, false, m); }},
+      {"sparse source", [&] { pins::ops::cast_to_device(at::eye(3).to_sparse(), kCpu, std::nullopt, false, m); }},
+      {"quantized source",
+       [&] {
+         pins::ops::cast_to_device(at::quantize_per_tensor(at::randn({4}), 0.1, 0, at::kQInt8), kCpu, std::nullopt,
+                                   false, m);
+       }},
+      {"undefined source", [&] { pins::ops::cast_to_device(at::Tensor(), kCpu); }},
+      {"kind", [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, -1, "bias"); }},
+      {"signature without patches",
+       [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, m, "weights", false, 5); }},
+      {"model -7", [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, -7); }},
+      {"unknown model (cast)", [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, 424242); }},
+      {"unknown model (forget)", [] { pins::ops::forget_model(424242); }},
+      {"unknown model (set_active)", [] { pins::ops::set_active(424242, true); }},
+      {"unknown model (mark_prompt)", [] { pins::ops::mark_prompt({424242}); }},
+      {"empty name", [] { pins::ops::register_model("", kCpu); }},
+      {"negative bytes", [] { pins::ops::free_pins(-1); }},
+      {"unknown key", [] { pins::ops::configure("nope:1"); }},
+      {"bad value", [] { pins::ops::configure("policy:fifo"); }},
+      {"pool key after the pool exists", [] { pins::ops::configure("segment_size:2G"); }},
+  };
+  for (const auto& [what, call] : bad) EXPECT_THROW(call(), c10::ValueError) << what;
+  EXPECT_EQ(stat(model_key(m, "in_prompt")), 0);
+  pins::ops::forget_model(m);
 }
 
 }  // namespace

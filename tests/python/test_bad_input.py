@@ -1,52 +1,63 @@
-"""Bad input gets a RuntimeError that names the argument and what it got."""
+"""Bad values of arguments and configuration are ValueErrors that name the argument
+and what it got; a request the current state cannot serve is a RuntimeError
+(Note [Error types] in ops/library.cpp). The two are unrelated Python types, so
+pytest.raises(ValueError) also says "not a RuntimeError"."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("make,match", [
     (lambda: torch.empty(4, device="meta"), r"source must be a CPU tensor, got device meta"),
     (lambda: torch.eye(3).to_sparse(), r"source must be a dense \(strided\) tensor, got layout Sparse"),
     (lambda: torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8), r"source must not be quantized, got dtype QInt8"),
-])
+], ids=["device", "layout", "quantized"])
 def test_bad_sources(pins, model, make, match):
-    with pytest.raises(RuntimeError, match=match):
+    with pytest.raises(ValueError, match=match):
         pins.cast_to_device(make(), "cpu", model=model)
+    with pytest.raises(ValueError, match=match):  # also on the plain-copy path
+        pins.cast_to_device(make(), "cpu")
 
 
 def test_unknown_kind(pins, model):
-    with pytest.raises(RuntimeError, match=r"kind must be 'weights' or 'patches', got 'lora'"):
+    with pytest.raises(ValueError, match=r"kind must be 'weights' or 'patches', got 'lora'"):
         pins.cast_to_device(torch.randn(4), "cpu", model=model, kind="lora")
 
 
 def test_signature_needs_patches(pins, model):
-    with pytest.raises(RuntimeError, match=r"needs kind='patches'.*signature 5"):
+    with pytest.raises(ValueError, match=r"needs kind='patches'.*signature 5"):
         pins.cast_to_device(torch.randn(4), "cpu", model=model, signature=5)
 
 
 def test_unknown_model(pins):
-    with pytest.raises(RuntimeError, match=r"model 987654 is not registered"):
+    with pytest.raises(ValueError, match=r"model 987654 is not registered"):
         pins.cast_to_device(torch.randn(4), "cpu", model=987654)
-    with pytest.raises(RuntimeError, match=r"model must be a registered model id or -1, got -7"):
+    with pytest.raises(ValueError, match=r"model must be a registered model id or -1, got -7"):
         pins.cast_to_device(torch.randn(4), "cpu", model=-7)
     for call in (lambda: pins.forget_model(987654), lambda: pins.set_active(987654, True),
                  lambda: pins.mark_prompt([987654])):
-        with pytest.raises(RuntimeError, match=r"model 987654 is not registered"):
+        with pytest.raises(ValueError, match=r"model 987654 is not registered"):
             call()
 
 
 def test_mark_prompt_is_all_or_nothing(pins, model):
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=r"model 987654 is not registered"):
         pins.mark_prompt([model, 987654])
     assert pins.stats()[f"model.{model}.in_prompt"] == 0
 
 
 def test_negative_bytes(pins):
-    with pytest.raises(RuntimeError, match=r"bytes must be non-negative, got -5"):
+    with pytest.raises(ValueError, match=r"bytes must be non-negative, got -5"):
         pins.free_pins(-5)
 
 
 def test_empty_model_name(pins):
-    with pytest.raises(RuntimeError, match=r"name must not be empty"):
+    with pytest.raises(ValueError, match=r"name must not be empty"):
         pins.register_model("", "cpu")
 
 
@@ -60,12 +71,17 @@ def test_empty_model_name(pins):
 ])
 def test_bad_configuration(pins, conf, match):
     before = pins.stats()
-    with pytest.raises(RuntimeError, match=match):
+    with pytest.raises(ValueError, match=match):
         pins.configure(conf)
-    with pytest.raises(RuntimeError, match=match):
+    with pytest.raises(ValueError, match=match):
         pins.configure("policy:trace," + conf)  # nothing applies when any part is bad
     pins.configure("fast_disk:false")
     assert pins.stats()["pins"] == before["pins"]
+
+
+def test_bad_configuration_keyword(pins):
+    with pytest.raises(ValueError, match=r"'fast_disk' expects a boolean \(true/false\), got 'maybe'"):
+        pins.configure(fast_disk="maybe")
 
 
 def test_configure_keywords(pins):
@@ -75,3 +91,54 @@ def test_configure_keywords(pins):
     pins.cast_to_device(w, "cpu", model=m, resident=True)
     assert pins.stats()[f"model.{m}.weights-loaded.pins"] == 0
     pins.forget_model(m)
+
+
+def run_with_conf(conf, code):
+    env = dict(os.environ, PINS_CONF=conf, PYTHONPATH=os.path.join(ROOT, "python_bindings"))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_state_that_cannot_serve_is_a_runtime_error():
+    # A fresh process whose memory probe reads a meminfo that does not exist:
+    # the arguments are fine, the system cannot answer.
+    code = """if True:
+        import torch, torch_pins as p
+        m = p.register_model("probe", "cpu")
+        for call in (p.end_prompt, lambda: p.cast_to_device(torch.randn(64), "cpu", model=m)):
+            try:
+                call()
+            except ValueError as e:
+                print("ValueError", e)
+            except RuntimeError as e:
+                print("RuntimeError", e)
+        """
+    out = run_with_conf("system_root:/nonexistent-pins-root", code)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, out.stdout
+    for line in lines:
+        assert line.startswith("RuntimeError cannot read /nonexistent-pins-root/proc/meminfo"), line
+
+
+def test_a_bad_pins_conf_is_a_value_error_at_first_use():
+    code = """if True:
+        import torch_pins as p
+        try:
+            p.stats()
+        except ValueError as e:
+            print("ValueError", e)
+        """
+    out = run_with_conf("policy:fifo", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ValueError PINS_CONF key 'policy' expects one of mru|lru|trace, got 'fifo'"), out.stdout
+
+
+def test_torchscript_reports_a_bad_value_as_a_runtime_error_with_the_message(pins):
+    # torch's TorchScript interpreter re-raises every error of an op as a
+    # RuntimeError (Note [Error types]); the message still names the argument.
+    @torch.jit.script
+    def free(n: int) -> int:
+        return torch.ops.pins.free_pins(n, False)
+
+    with pytest.raises(RuntimeError, match=r"bytes must be non-negative, got -3"):
+        free(-3)

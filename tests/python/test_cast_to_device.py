@@ -195,7 +195,7 @@ def test_forget_model_frees_its_pins(pins):
     before = pins.stats()
     pins.forget_model(m)
     assert delta(pins, before, "pinned_bytes") == -(1 << 12) * 4
-    with pytest.raises(RuntimeError, match=f"model {m} is not registered"):
+    with pytest.raises(ValueError, match=f"model {m} is not registered"):
         pins.cast_to_device(w, "cpu", model=m)
 
 

@@ -45,5 +45,5 @@ def test_a_pin_with_a_copy_in_flight_is_not_evicted(pins, model):
 
 
 def test_cuda_source_is_refused_with_a_clear_error(pins, model):
-    with pytest.raises(RuntimeError, match=r"source must be a CPU tensor, got device cuda"):
+    with pytest.raises(ValueError, match=r"source must be a CPU tensor, got device cuda"):
         pins.cast_to_device(torch.randn(4, device="cuda"), "cuda", model=model)

@@ -2,6 +2,17 @@
 import pytest
 import torch
 
+# Every op of the pins namespace has an opcheck below.
+CHECKED = {"cast_to_device", "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt",
+           "free_pins", "stats", "configure"}
+
+
+def test_every_op_is_checked(pins):
+    ops = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("pins::")}
+    assert ops == CHECKED, "an op was added or removed: give it an opcheck here and a dispatcher test in tests/ops"
+    for name in ops:
+        assert getattr(torch.ops.pins, name).overloads() == ["default"], name
+
 
 def test_opcheck_cast_to_device(pins, model):
     w = torch.randn(8, 8)
@@ -65,3 +76,15 @@ def test_fake_kernel_reports_the_target_device_and_dtype(pins):
         x = torch.empty(4, 5)
         y = torch.ops.pins.cast_to_device(x, torch.device("meta"), torch.bfloat16)
     assert y.shape == (4, 5) and y.dtype == torch.bfloat16 and y.device.type == "meta"
+
+
+def test_fake_kernel_refuses_what_the_real_kernel_refuses(pins):
+    # The same error type while tracing as in eager mode (Note [Error types]).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, device="meta")
+        with pytest.raises(ValueError, match="source must be a CPU tensor, got device meta"):
+            torch.ops.pins.cast_to_device(x, torch.device("cpu"))
+    with pytest.raises(ValueError, match="source must be a CPU tensor, got device meta"):
+        torch.ops.pins.cast_to_device(torch.empty(4, device="meta"), torch.device("cpu"))

@@ -1,0 +1,26 @@
+// pins::cast_to_device (ops/cast_to_device/cast_to_device.cpp, Note [Cast path]).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace pins::ops {
+
+// Copies `source` (a CPU, dense, non-quantized tensor) to `device`, converted to
+// `dtype` if given, through its pin. `model == -1` is a plain copy; otherwise
+// `model` is a registered model id. `kind` is "weights" or "patches";
+// `signature` names a patch set and needs kind "patches". `resident`: the copy
+// stays on the device. A bad value of any argument is a c10::ValueError naming it.
+// The parameter types are the schema's own (str is c10::string_view): the entry
+// point calls the dispatcher typed with decltype(cast_to_device).
+at::Tensor cast_to_device(const at::Tensor& source, c10::Device device,
+                          std::optional<c10::ScalarType> dtype = std::nullopt, bool non_blocking = false,
+                          int64_t model = -1, c10::string_view kind = "weights", bool resident = false,
+                          std::optional<int64_t> signature = std::nullopt);
+
+}  // namespace pins::ops

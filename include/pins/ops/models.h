@@ -1,0 +1,23 @@
+// pins::register_model, pins::forget_model, pins::set_active
+// (ops/models/models.cpp). An id that names no registered model is a
+// c10::ValueError naming it.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+
+namespace pins::ops {
+
+// Registers a model (weights that load and unload together) whose weights are
+// cast to `load_device`, and returns its id. An empty `name` is a c10::ValueError.
+int64_t register_model(c10::string_view name, c10::Device load_device);
+
+// Forgets `model` and frees all its pins.
+void forget_model(int64_t model);
+
+// Marks `model` as executing now (or no longer), then runs the RAM-pressure check.
+void set_active(int64_t model, bool active);
+
+}  // namespace pins::ops

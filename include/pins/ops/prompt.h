@@ -1,0 +1,17 @@
+// pins::mark_prompt, pins::end_prompt (ops/prompt/prompt.cpp): the prompt boundary.
+#pragma once
+
+#include <c10/util/ArrayRef.h>
+
+namespace pins::ops {
+
+// Marks `models` as used by the current prompt, starting one if none runs. All
+// or nothing: an id that names no registered model is a c10::ValueError and
+// marks none. `mark_prompt({unet, vae})` works (int[] is c10::IntArrayRef).
+void mark_prompt(c10::IntArrayRef models);
+
+// Ends the prompt: clears the marks, drops the patches pins and the pins of
+// sources that died, then runs the RAM-pressure check.
+void end_prompt();
+
+}  // namespace pins::ops
