@@ -13,12 +13,12 @@
 
 #include "csrc/pool/pool.h"
 #include "csrc/runtime/config.h"
-#include "profiling/bench/model_params.h"
+#include "profiling/data/model_params.h"
 
 namespace pins::bench {
 namespace {
 
-// The models the foundation issue names; others in the file are listed too.
+// The headline row pins these four together; every model of the file gets its own row.
 const char* const kHeadline[] = {"sdxl_unet", "flux1_dev", "wan21_14b", "t5xxl_encoder"};
 
 uint64_t pow2_ceil(uint64_t n) {
@@ -34,7 +34,7 @@ struct Waste {
 
 // Pins every size in `sizes` in a fresh pool (null backend: bookkeeping only, no RAM).
 uint64_t pool_committed(const std::vector<uint64_t>& sizes) {
-  PoolOptions o = PoolOptions::from(Config{});
+  PoolOptions o = pool_options(Config{});
   o.retain_free = ~size_t{0};
   HostPool pool(make_null_backend(), o);
   for (uint64_t n : sizes) pool.allocate(n);
@@ -55,26 +55,42 @@ double best_seconds(int reps, F&& f) {
 }  // namespace
 
 int alloc_main(const std::vector<std::string>& args) {
-  std::string path = std::string(PINS_DATA_DIR) + "/model_params.csv";
+  std::string path = model_params::default_path();
   int reps = 15;
   const size_t bytes_per_param = 2;  // fp16 / bf16 checkpoints
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--data" && i + 1 < args.size()) path = args[++i];
-    else if (args[i] == "--reps" && i + 1 < args.size()) reps = std::max(1, std::atoi(args[++i].c_str()));
-    else throw std::invalid_argument("unknown option '" + args[i] + "' (options: --data FILE, --reps N)");
+    const std::string& a = args[i];
+    const auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--data") {
+      path = value();
+    } else if (a == "--reps") {
+      const std::string v = value();
+      size_t used = 0;
+      try {
+        reps = std::stoi(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != v.size() || reps < 1)
+        throw std::invalid_argument("--reps: expected a positive integer, got \"" + v + "\"");
+    } else {
+      throw std::invalid_argument("unknown option \"" + a + "\"");
+    }
   }
-  const std::vector<Param> params = read_model_params(path);
+  const std::vector<model_params::Model> models = model_params::read(path);
   std::map<std::string, std::vector<uint64_t>> by_model;
-  std::vector<std::string> order;
-  for (const Param& p : params) {
-    if (!by_model.count(p.model)) order.push_back(p.model);
-    by_model[p.model].push_back(p.numel * bytes_per_param);
+  size_t tensors = 0;
+  for (const model_params::Model& m : models) {
+    for (const model_params::Tensor& t : m.tensors) by_model[m.name].push_back(t.numel * bytes_per_param);
+    tensors += m.tensors.size();
   }
   for (const char* m : kHeadline)
     if (!by_model.count(m)) throw std::runtime_error(std::string("model '") + m + "' missing from " + path);
 
-  std::printf("pins-bench alloc: %zu tensors from %s, %zu bytes/param\n\n", params.size(), path.c_str(),
-              bytes_per_param);
+  std::printf("pins-bench alloc: %zu tensors from %s, %zu bytes/param\n\n", tensors, path.c_str(), bytes_per_param);
   std::printf("%-20s %8s %14s %14s %10s %14s %10s\n", "model", "tensors", "requested", "pool", "waste", "pow2",
               "waste");
   auto row = [](const std::string& name, const std::vector<uint64_t>& sizes) {
@@ -91,7 +107,7 @@ int alloc_main(const std::vector<std::string>& args) {
                 double(w.pow2) / double(w.requested));
     return w;
   };
-  for (const std::string& m : order) row(m, by_model[m]);
+  for (const model_params::Model& m : models) row(m.name, by_model[m.name]);
   std::vector<uint64_t> headline;
   std::string names;
   for (const char* m : kHeadline) {
@@ -105,7 +121,7 @@ int alloc_main(const std::vector<std::string>& args) {
   // in order and freed, against a warm pool (extents committed by a first pass)
   // and against malloc+free. Both touch no memory.
   const std::vector<uint64_t>& sizes = by_model["sdxl_unet"];
-  PoolOptions o = PoolOptions::from(Config{});
+  PoolOptions o = pool_options(Config{});
   o.retain_free = ~size_t{0};
   HostPool pool(make_null_backend(), o);
   std::vector<void*> ptrs(sizes.size());

@@ -2,11 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <stdexcept>
 
 #include "csrc/base/check.h"
-#include "profiling/sim/plot.h"
+#include "csrc/runtime/config.h"
 #include "profiling/sim/report.h"
 
 namespace pins::sim {
@@ -23,21 +24,30 @@ const char* kUsage =
     "  --json                  print one JSON object instead of the table\n"
     "  --markdown              print the docs/SIMULATOR.md summary rows (--markdown-header: the header too)\n"
     "  --csv FILE              write one CSV row per sequence, policy and run\n"
-    "  --png FILE              write a bar chart of disk bytes per run\n"
     "  --dump-accesses FILE    write the expanded accesses, one JSON line each\n"
     "  --params FILE           model parameter list for \"params\" layers (default: profiling/data/model_params.csv)\n"
     "  --machine FIELD=VALUE   override a machine field, e.g. other_ram=6GiB (repeatable)\n"
     "  --conf TEXT             balancer configuration in PINS_CONF syntax, e.g. fast_disk:true\n"
     "  --no-relieve            no RAM-pressure check at node boundaries\n"
-    "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n";
+    "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n"
+    "  -h, --help              print this text\n"
+    "The plot: python profiling/sim/plot.py REPORT.json OUT.png, REPORT.json from --json.\n"
+    "Exit status: 0 ok, 2 bad usage or an invalid trace (the message names the argument or the field).\n";
 
 struct Options {
-  std::string trace, sequence, params, csv, png, dump, conf;
+  std::string trace, sequence, params, csv, dump, conf;
   std::vector<std::string> policies, machine;
   int runs = 0;
-  bool json = false, markdown = false, markdown_header = false;
+  bool help = false, json = false, markdown = false, markdown_header = false;
   ReplayOptions replay;
 };
+
+// The balancer's policies, by their PINS_CONF names, then Belady's oracle.
+const std::vector<std::string>& all_policies() {
+  static const std::vector<std::string> names = {to_string(PolicyKind::Lru), to_string(PolicyKind::Mru),
+                                                 to_string(PolicyKind::Trace), "oracle"};
+  return names;
+}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -63,9 +73,9 @@ Options parse_args(const std::vector<std::string>& args) {
     else if (a == "--sequence") o.sequence = value();
     else if (a == "--policy") {
       const std::string v = value();
-      o.policies = v == "all" ? std::vector<std::string>{"lru", "mru", "trace", "oracle"} : split(v, ',');
+      o.policies = v == "all" ? all_policies() : split(v, ',');
       for (const std::string& p : o.policies)
-        if (p != "lru" && p != "mru" && p != "trace" && p != "oracle")
+        if (std::find(all_policies().begin(), all_policies().end(), p) == all_policies().end())
           throw std::invalid_argument("--policy: expected lru, mru, trace, oracle or all, got \"" + p + "\"");
     } else if (a == "--runs") {
       const std::string v = value();
@@ -80,7 +90,6 @@ Options parse_args(const std::vector<std::string>& args) {
     else if (a == "--markdown") o.markdown = true;
     else if (a == "--markdown-header") o.markdown = o.markdown_header = true;
     else if (a == "--csv") o.csv = value();
-    else if (a == "--png") o.png = value();
     else if (a == "--dump-accesses") o.dump = value();
     else if (a == "--params") o.params = value();
     else if (a == "--machine") o.machine.push_back(value());
@@ -91,11 +100,15 @@ Options parse_args(const std::vector<std::string>& args) {
       if (v == "upfront") o.replay.mark_upfront = true;
       else if (v == "on-use") o.replay.mark_upfront = false;
       else throw std::invalid_argument("--mark: expected upfront or on-use, got \"" + v + "\"");
-    } else if (a == "-h" || a == "--help") throw std::invalid_argument("");
-    else throw std::invalid_argument("unknown argument \"" + a + "\"");
+    } else if (a == "-h" || a == "--help") {
+      o.help = true;
+      return o;
+    } else {
+      throw std::invalid_argument("unknown argument \"" + a + "\"");
+    }
   }
   if (o.trace.empty()) throw std::invalid_argument("--trace FILE is required");
-  if (o.policies.empty()) o.policies = {"lru", "mru", "trace", "oracle"};
+  if (o.policies.empty()) o.policies = all_policies();
   if (o.json && o.markdown) throw std::invalid_argument("--json and --markdown are exclusive");
   return o;
 }
@@ -113,9 +126,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   try {
     o = parse_args(args);
   } catch (const std::invalid_argument& e) {
-    if (*e.what()) err << "pins-sim: " << e.what() << "\n";
-    err << kUsage;
+    err << "pins-sim: " << e.what() << "\n" << kUsage;
     return 2;
+  }
+  if (o.help) {
+    out << kUsage;
+    return 0;
   }
   try {
     Trace t = load_trace(o.trace, o.params);
@@ -144,7 +160,6 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       write_csv_header(f);
       for (const SequenceResult& r : results) write_csv(f, t, r);
     }
-    if (!o.png.empty()) plot_png(o.png, t, results);
     if (o.json) {
       nlohmann::ordered_json j;
       if (results.size() == 1) {

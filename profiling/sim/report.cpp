@@ -8,6 +8,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "csrc/base/size.h"
+
 namespace pins::sim {
 
 using ojson = nlohmann::ordered_json;
@@ -20,7 +22,7 @@ const PolicyResult* SequenceResult::find(const std::string& policy) const {
 
 std::string gib(double bytes, int decimals) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, bytes / static_cast<double>(1ull << 30));
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, bytes / static_cast<double>(GiB));
   return buf;
 }
 
@@ -123,7 +125,8 @@ ojson to_json(const Trace& t, const SequenceResult& r) {
                   {"vram_reserve", m.vram_reserve}};
   ojson models = ojson::array();
   for (const Model& x : t.models)
-    models.push_back({{"name", x.name}, {"bytes", x.bytes}, {"layers", x.layers.size()}, {"largest_layer_bytes", x.largest_layer}});
+    models.push_back(
+        {{"name", x.name}, {"bytes", x.bytes}, {"layers", x.layers.size()}, {"largest_layer_bytes", x.largest_layer}});
   j["models"] = models;
   j["largest_layer_bytes"] = t.largest_layer();
   j["steady_tolerance_bytes"] = r.tolerance;
@@ -194,47 +197,55 @@ void print_table(std::ostream& os, const Trace& t, const SequenceResult& r) {
   const Sequence& s = *r.sequence;
   os << "trace " << t.name << " (" << t.path << ")\n";
   os << "machine: RAM " << gib(m.ram) << " GiB (other " << gib(m.other_ram) << ", headroom " << gib(m.headroom)
-     << "), VRAM " << gib(m.vram) << " GiB (reserve " << gib(m.vram_reserve) << "), disk " << fmt(m.disk_read_bw / 1e9, 1)
-     << " GB/s, RAM copy " << fmt(m.ram_copy_bw / 1e9, 1) << " GB/s, H2D " << fmt(m.h2d_bw / 1e9, 1) << " GB/s\n";
+     << "), VRAM " << gib(m.vram) << " GiB (reserve " << gib(m.vram_reserve) << "), disk "
+     << fmt(m.disk_read_bw / 1e9, 1) << " GB/s, RAM copy " << fmt(m.ram_copy_bw / 1e9, 1) << " GB/s, H2D "
+     << fmt(m.h2d_bw / 1e9, 1) << " GB/s\n";
   os << "sequence " << s.name << (s.description.empty() ? "" : ": " + s.description) << " (" << r.expansion.runs.size()
      << " runs, period " << s.period() << "); largest layer " << gib(static_cast<double>(t.largest_layer()))
      << " GiB\n\n";
   os << "disk GiB read per run\n";
-  os << std::setw(4) << "run" << "  " << std::left << std::setw(14) << "prompt" << std::right << std::setw(8) << "W"
-     << std::setw(8) << "C" << std::setw(8) << "LB";
+  os << std::setw(4) << "run"
+     << "  " << std::left << std::setw(14) << "prompt" << std::right << std::setw(8) << "W" << std::setw(8) << "C"
+     << std::setw(8) << "LB";
   for (const PolicyResult& p : r.policies) os << std::setw(9) << p.policy;
   os << "\n";
   for (size_t i = 0; i < r.expansion.runs.size(); ++i) {
     const RunPlan& plan = r.expansion.runs[i];
     os << std::setw(4) << i + 1 << "  " << std::left << std::setw(14) << t.prompts[plan.prompt].name << std::right
        << std::setw(8) << gib(static_cast<double>(plan.bound.used)) << std::setw(8)
-       << gib(static_cast<double>(plan.bound.cache)) << std::setw(8) << gib(static_cast<double>(plan.bound.lower_bound));
+       << gib(static_cast<double>(plan.bound.cache)) << std::setw(8)
+       << gib(static_cast<double>(plan.bound.lower_bound));
     for (const PolicyResult& p : r.policies) os << std::setw(9) << gib(static_cast<double>(p.runs[i].disk_bytes));
     os << "\n";
   }
-  os << "\n" << std::left << std::setw(8) << "policy" << std::right << std::setw(13) << "steady from" << std::setw(12)
+  os << "\n"
+     << std::left << std::setw(8) << "policy" << std::right << std::setw(13) << "steady from" << std::setw(12)
      << "disk GiB" << std::setw(11) << "pin hits" << std::setw(12) << "pin misses" << std::setw(10) << "refusals"
-     << std::setw(12) << "time s" << "   (the last run)\n";
+     << std::setw(12) << "time s"
+     << "   (the last run)\n";
   for (const PolicyResult& p : r.policies) {
     const RunResult& last = p.runs.back();
     os << std::left << std::setw(8) << p.policy << std::right << std::setw(13)
        << (p.steady_run < 0 ? std::string("-") : "run " + std::to_string(p.steady_run + 1)) << std::setw(12)
-       << gib(static_cast<double>(last.disk_bytes)) << std::setw(11) << last.pin_hits << std::setw(12) << last.pin_misses
-       << std::setw(10) << last.refusals << std::setw(12) << fmt(last.time_s(), 1) << "\n";
+       << gib(static_cast<double>(last.disk_bytes)) << std::setw(11) << last.pin_hits << std::setw(12)
+       << last.pin_misses << std::setw(10) << last.refusals << std::setw(12) << fmt(last.time_s(), 1) << "\n";
   }
   const Checks c = check(t, r);
   os << "\nchecks: W > C in the steady runs: " << (c.w_exceeds_c ? "yes" : "no");
   if (c.lru_disk_over_w)
-    os << "; lru reads " << fmt(100 * *c.lru_disk_over_w, 0) << "% of W" << (c.w_exceeds_c ? (*c.lru_cascade ? " (cascade)" : " (no cascade)") : "");
+    os << "; lru reads " << fmt(100 * *c.lru_disk_over_w, 0) << "% of W"
+       << (c.w_exceeds_c ? (*c.lru_cascade ? " (cascade)" : " (no cascade)") : "");
   if (c.mru_steady_run)
-    os << "; mru steady " << (*c.mru_steady_run ? "from run " + std::to_string(*c.mru_steady_run) : std::string("not reached"))
+    os << "; mru steady "
+       << (*c.mru_steady_run ? "from run " + std::to_string(*c.mru_steady_run) : std::string("not reached"))
        << (*c.mru_steady_within_3 ? " (within 3)" : " (NOT within 3)");
   if (c.trace_worst_excess)
     os << "; trace minus (1.05 LB + one layer a run), worst window from the second cycle: "
        << gib(*c.trace_worst_excess) << " GiB, runs from " << *c.trace_worst_run
        << (*c.trace_within_bound ? " (holds)" : " (FAILS)");
   if (c.oracle_worst_excess)
-    os << "; the oracle: " << gib(*c.oracle_worst_excess) << " GiB" << (*c.oracle_within_bound ? "" : " (the bound is out of reach)");
+    os << "; the oracle: " << gib(*c.oracle_worst_excess) << " GiB"
+       << (*c.oracle_within_bound ? "" : " (the bound is out of reach)");
   os << "\n";
 }
 
@@ -260,12 +271,11 @@ void write_csv(std::ostream& os, const Trace& t, const SequenceResult& r) {
     for (const RunResult& rr : p.runs) {
       const RunBound& b = r.expansion.runs[rr.run].bound;
       os << csv_field(t.name) << ',' << csv_field(r.sequence->name) << ',' << p.policy << ',' << rr.run + 1 << ','
-         << csv_field(t.prompts[rr.prompt].name)
-         << ',' << rr.disk_bytes << ',' << b.lower_bound << ',' << b.used << ',' << b.cache << ',' << b.pin_capacity
-         << ',' << b.kept << ',' << b.cold << ',' << rr.pin_hits << ',' << rr.pin_misses << ',' << rr.pin_fills << ','
-         << rr.refusals << ',' << rr.page_cache_hit_bytes << ',' << rr.h2d_bytes << ',' << rr.pageable_h2d_bytes << ','
-         << rr.evicted_bytes << ',' << rr.pinned_bytes << ',' << fmt(rr.time_s(), 3) << ','
-         << (p.steady_run < 0 ? std::string() : std::to_string(p.steady_run + 1)) << '\n';
+         << csv_field(t.prompts[rr.prompt].name) << ',' << rr.disk_bytes << ',' << b.lower_bound << ',' << b.used << ','
+         << b.cache << ',' << b.pin_capacity << ',' << b.kept << ',' << b.cold << ',' << rr.pin_hits << ','
+         << rr.pin_misses << ',' << rr.pin_fills << ',' << rr.refusals << ',' << rr.page_cache_hit_bytes << ','
+         << rr.h2d_bytes << ',' << rr.pageable_h2d_bytes << ',' << rr.evicted_bytes << ',' << rr.pinned_bytes << ','
+         << fmt(rr.time_s(), 3) << ',' << (p.steady_run < 0 ? std::string() : std::to_string(p.steady_run + 1)) << '\n';
     }
 }
 
@@ -286,9 +296,12 @@ void write_markdown_row(std::ostream& os, const Trace& t, const SequenceResult& 
     os << " " << (p ? gib(steady_disk(r, *p), 1) : std::string("–")) << " |";
   }
   os << " " << (c.lru_disk_over_w ? fmt(*c.lru_disk_over_w, 2) : std::string("–")) << " |";
-  os << " " << (c.mru_steady_run ? (*c.mru_steady_run ? std::to_string(*c.mru_steady_run) : std::string("no")) : std::string("–"))
+  os << " "
+     << (c.mru_steady_run ? (*c.mru_steady_run ? std::to_string(*c.mru_steady_run) : std::string("no"))
+                          : std::string("–"))
      << " |";
-  const auto excess = [&os](const std::optional<double>& x, const std::optional<int>& run, const std::optional<bool>& ok) {
+  const auto excess = [&os](const std::optional<double>& x, const std::optional<int>& run,
+                            const std::optional<bool>& ok) {
     if (!x) {
       os << " – |";
       return;

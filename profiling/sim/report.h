@@ -1,6 +1,7 @@
 // What the simulator prints: the per-run table, the JSON object, CSV rows, the
-// markdown summary rows of docs/SIMULATOR.md, and the claims of issue 5 checked
-// on every sequence.
+// markdown summary rows of docs/SIMULATOR.md, and the claims about the policies
+// (Note [Simulator claims]) checked on every sequence. The PNG plot is drawn
+// from the JSON by profiling/sim/plot.py.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +33,7 @@ struct SteadyFigures {
 SteadyFigures steady_figures(const SequenceResult& r);
 double steady_disk(const SequenceResult& r, const PolicyResult& p);
 
-// The claims of issue 5 on one sequence; a claim is absent when its policy did not run.
+// The claims on one sequence; a claim is absent when its policy did not run.
 //
 // Note [Simulator claims]
 //   cascade   where the steady W exceeds C, lru reads at least 90% of W per steady run
@@ -45,13 +46,13 @@ double steady_disk(const SequenceResult& r, const PolicyResult& p);
 //             starts at run 3, the first run whose predecessor is like it; for two
 //             alternating workflows at run 3, after each ran once
 struct Checks {
-  bool w_exceeds_c = false;                 // steady W > C
-  std::optional<double> lru_disk_over_w;    // lru steady disk / W
-  std::optional<bool> lru_cascade;          // W > C and lru reads >= 90% of W
-  std::optional<int> mru_steady_run;        // 1-based; 0: not reached
+  bool w_exceeds_c = false;               // steady W > C
+  std::optional<double> lru_disk_over_w;  // lru steady disk / W
+  std::optional<bool> lru_cascade;        // W > C and lru reads >= 90% of W
+  std::optional<int> mru_steady_run;      // 1-based; 0: not reached
   std::optional<bool> mru_steady_within_3;
-  std::optional<double> trace_worst_excess; // max over windows from run 2 of disk - (1.05 bound + layers), bytes
-  std::optional<int> trace_worst_run;       // 1-based first run of that window
+  std::optional<double> trace_worst_excess;  // max over windows from run 2 of disk - (1.05 bound + layers), bytes
+  std::optional<int> trace_worst_run;        // 1-based first run of that window
   std::optional<bool> trace_within_bound;
   std::optional<double> oracle_worst_excess;  // the same for the oracle: > 0 means no policy with C bytes meets it
   std::optional<bool> oracle_within_bound;

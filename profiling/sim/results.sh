@@ -3,7 +3,8 @@
 # profiling/traces/, every sequence, every policy, as markdown rows.
 #   profiling/sim/results.sh [RUNS] [-- extra pins-sim arguments]
 # PINS_SIM: the binary (default build/bin/pins-sim). PINS_SIM_PNG_DIR: when set,
-# also writes one plot per trace there.
+# also draws one plot per trace there with profiling/sim/plot.py (matplotlib),
+# run by $PYTHON (default: the checkout's .venv/bin/python, else python3).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 sim=${PINS_SIM:-$root/build/bin/pins-sim}
@@ -14,14 +15,18 @@ if [ ! -x "$sim" ]; then
   echo "results.sh: $sim not found; build it with: cmake --build build --target pins-sim" >&2
   exit 1
 fi
+python=${PYTHON:-}
+if [ -z "$python" ]; then
+  if [ -x "$root/.venv/bin/python" ]; then python=$root/.venv/bin/python; else python=python3; fi
+fi
 cd "$root"
 header=--markdown-header
 for trace in profiling/traces/*.json; do
-  png=()
+  "$sim" --trace "$trace" --sequence all --runs "$runs" "$header" "$@"
+  header=--markdown
   if [ -n "${PINS_SIM_PNG_DIR:-}" ]; then
     mkdir -p "$PINS_SIM_PNG_DIR"
-    png=(--png "$PINS_SIM_PNG_DIR/$(basename "$trace" .json).png")
+    "$sim" --trace "$trace" --sequence all --runs "$runs" --json "$@" |
+      "$python" profiling/sim/plot.py - "$PINS_SIM_PNG_DIR/$(basename "$trace" .json).png"
   fi
-  "$sim" --trace "$trace" --sequence all --runs "$runs" "$header" "${png[@]}" "$@"
-  header=--markdown
 done

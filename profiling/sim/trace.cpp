@@ -1,20 +1,19 @@
 #include "profiling/sim/trace.h"
 
-#include "profiling/bench/model_params.h"
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
-#ifndef PINS_DATA_DIR
-#define PINS_DATA_DIR "profiling/data"
-#endif
+#include "csrc/base/size.h"
+#include "csrc/base/text.h"
 
 namespace pins::sim {
 
@@ -53,83 +52,29 @@ uint64_t Trace::total_weight_bytes() const {
   return t;
 }
 
-std::string default_params_path() { return std::string(PINS_DATA_DIR) + "/model_params.csv"; }
-
 // ------------------------------------------------------------------ units
 
 namespace {
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string strip(const std::string& s) {
-  size_t a = 0, b = s.size();
-  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
-  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
-  return s.substr(a, b - a);
-}
-
-double unit_multiplier(const std::string& unit_in) {
-  const std::string u = lower(strip(unit_in));
-  if (u.empty() || u == "b") return 1;
-  if (u == "kb") return 1e3;
-  if (u == "mb") return 1e6;
-  if (u == "gb") return 1e9;
-  if (u == "tb") return 1e12;
-  if (u == "k" || u == "kib") return 1024.0;
-  if (u == "m" || u == "mib") return 1024.0 * 1024;
-  if (u == "g" || u == "gib") return 1024.0 * 1024 * 1024;
-  if (u == "t" || u == "tib") return 1024.0 * 1024 * 1024 * 1024;
-  return -1;
-}
-
-double parse_quantity(const std::string& text, const char* form) {
-  const std::string t = strip(text);
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(t, &used);
-  } catch (const std::exception&) {
-    throw std::invalid_argument(std::string("expected ") + form + ", got \"" + text + "\"");
-  }
-  const double mult = unit_multiplier(t.substr(used));
-  if (mult < 0 || !(v >= 0) || !std::isfinite(v))
-    throw std::invalid_argument(std::string("expected ") + form + ", got \"" + text + "\"");
-  return v * mult;
-}
+// What a size or a bandwidth looks like, for the error messages.
+constexpr const char* kSizeForm =
+    "a size such as 4096, \"32GiB\" or \"2.5GB\" (K, M, G, T, KiB, MiB, GiB, TiB binary; KB, MB, GB, TB decimal)";
+constexpr const char* kBandwidthForm = "a positive bandwidth such as \"3GB/s\" or \"25GiB/s\"";
 
 }  // namespace
 
-uint64_t parse_bytes(const std::string& text) {
-  const double v = parse_quantity(text, "a size such as 4096, \"32GiB\" or \"2.5GB\"");
-  if (v > 1.8e19) throw std::invalid_argument("size \"" + text + "\" is too large");
-  return static_cast<uint64_t>(std::llround(v));
-}
-
-double parse_bandwidth(const std::string& text) {
-  std::string t = strip(text);
-  const std::string l = lower(t);
-  if (l.size() >= 2 && l.substr(l.size() - 2) == "/s") t = t.substr(0, t.size() - 2);
-  const double v = parse_quantity(t, "a bandwidth such as \"3GB/s\" or \"25GiB/s\"");
-  if (!(v > 0)) throw std::invalid_argument("bandwidth \"" + text + "\" must be positive");
-  return v;
+std::optional<double> parse_bandwidth(std::string_view text) {
+  std::string_view t = trim(text);
+  if (t.size() >= 2 && lower(t.substr(t.size() - 2)) == "/s") t.remove_suffix(2);
+  double v = 0;
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v, std::chars_format::fixed);
+  if (ec != std::errc() || !std::isfinite(v)) return std::nullopt;
+  const std::optional<double> unit = size_unit(std::string_view(end, t.data() + t.size() - end));
+  if (!unit || !(v * *unit > 0)) return std::nullopt;
+  return v * *unit;
 }
 
 // ------------------------------------------------------------------ parameter lists
-
-std::map<std::string, std::vector<ParamTensor>> read_params(const std::string& path) {
-  std::vector<bench::Param> rows;
-  try {
-    rows = bench::read_model_params(path);
-  } catch (const std::runtime_error& e) {
-    throw TraceError(e.what());
-  }
-  std::map<std::string, std::vector<ParamTensor>> out;
-  for (bench::Param& p : rows) out[p.model].push_back({std::move(p.tensor), p.numel});
-  return out;
-}
 
 namespace {
 
@@ -149,7 +94,8 @@ std::vector<std::string> split_dots(const std::string& s) {
 }
 
 bool is_number(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
 }
 
 std::string join(const std::vector<std::string>& parts, size_t n) {
@@ -171,14 +117,15 @@ std::string block_of(const std::string& name, int depth) {
 
 struct Group {
   std::string name;
-  std::vector<const ParamTensor*> tensors;
+  std::vector<const model_params::Tensor*> tensors;
   uint64_t numel = 0;
 };
 
 // Consecutive runs of tensors with the same key.
-std::vector<Group> runs_by(const std::vector<const ParamTensor*>& ts, const std::function<std::string(const ParamTensor&)>& key) {
+std::vector<Group> runs_by(const std::vector<const model_params::Tensor*>& ts,
+                           const std::function<std::string(const model_params::Tensor&)>& key) {
   std::vector<Group> out;
-  for (const ParamTensor* t : ts) {
+  for (const model_params::Tensor* t : ts) {
     const std::string k = key(*t);
     if (out.empty() || out.back().name != k) out.push_back({k, {}, 0});
     out.back().tensors.push_back(t);
@@ -187,14 +134,14 @@ std::vector<Group> runs_by(const std::vector<const ParamTensor*>& ts, const std:
   return out;
 }
 
-void group_blocks(const std::vector<const ParamTensor*>& ts, int depth, uint64_t bpp, uint64_t max_bytes,
+void group_blocks(const std::vector<const model_params::Tensor*>& ts, int depth, uint64_t bpp, uint64_t max_bytes,
                   std::vector<Layer>& out) {
-  for (Group& g : runs_by(ts, [depth](const ParamTensor& t) { return block_of(t.name, depth); })) {
+  for (Group& g : runs_by(ts, [depth](const model_params::Tensor& t) { return block_of(t.name, depth); })) {
     const uint64_t bytes = g.numel * bpp;
     bool can_split = false;
     if (max_bytes > 0 && bytes > max_bytes && g.tensors.size() > 1) {
       const std::string first = block_of(g.tensors.front()->name, depth + 1);
-      for (const ParamTensor* t : g.tensors) can_split |= block_of(t->name, depth + 1) != first;
+      for (const model_params::Tensor* t : g.tensors) can_split |= block_of(t->name, depth + 1) != first;
     }
     if (can_split) group_blocks(g.tensors, depth + 1, bpp, max_bytes, out);
     else out.push_back({g.name, bytes});
@@ -203,15 +150,15 @@ void group_blocks(const std::vector<const ParamTensor*>& ts, int depth, uint64_t
 
 }  // namespace
 
-std::vector<Layer> group_layers(const std::vector<ParamTensor>& tensors, const std::string& group,
+std::vector<Layer> group_layers(const std::vector<model_params::Tensor>& tensors, const std::string& group,
                                 uint64_t bpp, uint64_t max_layer_bytes) {
-  std::vector<const ParamTensor*> ts;
-  for (const ParamTensor& t : tensors) ts.push_back(&t);
+  std::vector<const model_params::Tensor*> ts;
+  for (const model_params::Tensor& t : tensors) ts.push_back(&t);
   std::vector<Layer> out;
   if (group == "tensor") {
-    for (const ParamTensor* t : ts) out.push_back({t->name, t->numel * bpp});
+    for (const model_params::Tensor* t : ts) out.push_back({t->name, t->numel * bpp});
   } else if (group == "module") {
-    for (Group& g : runs_by(ts, [](const ParamTensor& t) { return block_of(t.name, 1 << 20); }))
+    for (Group& g : runs_by(ts, [](const model_params::Tensor& t) { return block_of(t.name, 1 << 20); }))
       out.push_back({g.name, g.numel * bpp});
   } else if (group == "block") {
     group_blocks(ts, 0, bpp, max_layer_bytes, out);
@@ -255,7 +202,8 @@ struct Field {
       if (!keys.count(k)) {
         std::string known;
         for (const std::string& s : keys) known += (known.empty() ? "" : ", ") + s;
-        throw TraceError(origin + ": " + (path.empty() ? k : path + "." + k) + ": unknown field (known: " + known + ")");
+        throw TraceError(origin + ": " + (path.empty() ? k : path + "." + k) + ": unknown field (known: " + known +
+                         ")");
       }
   }
   const json& array() const {
@@ -269,30 +217,21 @@ struct Field {
   int integer(int lo, int hi) const {
     if (!v.is_number_integer()) fail("expected an integer, got " + v.dump());
     const int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) fail("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    if (x < lo || x > hi)
+      fail("expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
     return static_cast<int>(x);
   }
   uint64_t bytes() const {
     if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) return v.get<uint64_t>();
-    if (v.is_string()) {
-      try {
-        return parse_bytes(v.get<std::string>());
-      } catch (const std::invalid_argument& e) {
-        fail(e.what());
-      }
-    }
-    fail("expected a size such as 4096 or \"32GiB\", got " + v.dump());
+    if (v.is_string())
+      if (const std::optional<uint64_t> b = parse_size(v.get<std::string>())) return *b;
+    fail(std::string("expected ") + kSizeForm + ", got " + v.dump());
   }
   double bandwidth() const {
     if (v.is_number() && v.get<double>() > 0) return v.get<double>();
-    if (v.is_string()) {
-      try {
-        return parse_bandwidth(v.get<std::string>());
-      } catch (const std::invalid_argument& e) {
-        fail(e.what());
-      }
-    }
-    fail("expected a bandwidth such as \"3GB/s\", got " + v.dump());
+    if (v.is_string())
+      if (const std::optional<double> b = parse_bandwidth(v.get<std::string>())) return *b;
+    fail(std::string("expected ") + kBandwidthForm + ", got " + v.dump());
   }
 };
 
@@ -310,18 +249,33 @@ void parse_machine(const Field& f, Machine& m) {
   m.ram_copy_bw = f.at("ram_copy_bw").bandwidth();
   m.h2d_bw = f.at("h2d_bw").bandwidth();
   m.headroom = f.at("headroom").bytes();
-  m.other_ram = f.has("other_ram") ? f.at("other_ram").bytes() : 4ull << 30;
+  m.other_ram = f.has("other_ram") ? f.at("other_ram").bytes() : 4 * GiB;
   m.swap = f.has("swap") ? f.at("swap").bytes() : 0;
-  m.vram_reserve = f.has("vram_reserve") ? f.at("vram_reserve").bytes() : (1229ull << 20);
+  m.vram_reserve = f.has("vram_reserve") ? f.at("vram_reserve").bytes() : 1229 * MiB;
   if (m.ram == 0) f.at("ram").fail("must be positive");
   if (m.vram == 0) f.at("vram").fail("must be positive");
   if (m.other_ram >= m.ram) f.at("other_ram").fail("must be less than ram");
   if (m.vram_reserve >= m.vram) f.at("vram_reserve").fail("must be less than vram");
 }
 
-using ParamCache = std::map<std::string, std::vector<ParamTensor>>;
+// The parameter list, read when the first "params" model asks for it.
+struct ParamList {
+  std::string path;
+  std::optional<std::vector<model_params::Model>> models;
 
-void parse_model(const Field& f, Model& m, const std::string& params_path, ParamCache& params, bool& params_loaded) {
+  const std::vector<model_params::Model>& get() {
+    if (!models) {
+      try {
+        models = model_params::read(path);
+      } catch (const std::runtime_error& e) {
+        throw TraceError(e.what());
+      }
+    }
+    return *models;
+  }
+};
+
+void parse_model(const Field& f, Model& m, ParamList& params) {
   f.expect_object({"name", "params", "group", "max_layer_bytes", "bytes_per_param", "layers", "bytes", "layer_count",
                    "inference_bytes", "source", "note"});
   m.name = f.at("name").str();
@@ -335,23 +289,19 @@ void parse_model(const Field& f, Model& m, const std::string& params_path, Param
     else
       for (size_t i = 0; i < p.array().size(); ++i) names.push_back(p.item(i).str());
     if (names.empty()) p.fail("must name at least one model of the parameter list");
-    if (!params_loaded) {
-      params = read_params(params_path);
-      params_loaded = true;
-    }
     const uint64_t bpp = f.has("bytes_per_param") ? f.at("bytes_per_param").integer(1, 8) : 2;
     const std::string group = f.has("group") ? f.at("group").str() : "block";
-    const uint64_t max_layer = f.has("max_layer_bytes") ? f.at("max_layer_bytes").bytes() : (1ull << 30);
+    const uint64_t max_layer = f.has("max_layer_bytes") ? f.at("max_layer_bytes").bytes() : GiB;
     for (const std::string& n : names) {
-      auto it = params.find(n);
-      if (it == params.end()) {
+      const model_params::Model* model = model_params::find(params.get(), n);
+      if (model == nullptr) {
         std::string known;
-        for (auto& [k, v] : params) known += (known.empty() ? "" : ", ") + k;
-        p.fail("no model \"" + n + "\" in " + params_path + " (it has: " + known + ")");
+        for (const model_params::Model& x : params.get()) known += (known.empty() ? "" : ", ") + x.name;
+        p.fail("no model \"" + n + "\" in " + params.path + " (it has: " + known + ")");
       }
       std::vector<Layer> ls;
       try {
-        ls = group_layers(it->second, group, bpp, max_layer);
+        ls = group_layers(model->tensors, group, bpp, max_layer);
       } catch (const std::invalid_argument& e) {
         f.at("group").fail(e.what());
       }
@@ -454,7 +404,8 @@ void parse_step(const Field& f, const Trace& t, Step& s) {
         if (t.loras[j].name == n) idx = static_cast<int>(j);
       if (idx < 0) ls.item(i).fail("unknown lora \"" + n + "\"");
       if (t.loras[idx].model != s.model)
-        ls.item(i).fail("lora \"" + n + "\" is for model \"" + t.models[t.loras[idx].model].name + "\", not \"" + model + "\"");
+        ls.item(i).fail("lora \"" + n + "\" is for model \"" + t.models[t.loras[idx].model].name + "\", not \"" +
+                        model + "\"");
       s.loras.push_back(idx);
     }
   }
@@ -470,8 +421,8 @@ Trace parse_trace(const std::string& text, const std::string& origin, const std:
     throw TraceError(origin + ": not valid JSON: " + e.what());
   }
   const Field top{doc, "", origin};
-  top.expect_object({"name", "description", "sources", "params_file", "machine", "models", "loras", "prompts",
-                     "sequences", "note"});
+  top.expect_object(
+      {"name", "description", "sources", "params_file", "machine", "models", "loras", "prompts", "sequences", "note"});
   Trace t;
   t.path = origin;
   t.name = top.at("name").str();
@@ -480,18 +431,17 @@ Trace parse_trace(const std::string& text, const std::string& origin, const std:
     const Field s = top.at("sources");
     for (size_t i = 0; i < s.array().size(); ++i) t.sources.push_back(s.item(i).str());
   }
-  std::string params_path = params_csv;
-  if (params_path.empty())
-    params_path = top.has("params_file") ? dir_of(origin) + "/" + top.at("params_file").str() : default_params_path();
+  ParamList params{params_csv, std::nullopt};
+  if (params.path.empty())
+    params.path =
+        top.has("params_file") ? dir_of(origin) + "/" + top.at("params_file").str() : model_params::default_path();
   parse_machine(top.at("machine"), t.machine);
 
-  ParamCache params;
-  bool params_loaded = false;
   const Field models = top.at("models");
   if (models.array().empty()) models.fail("must list at least one model");
   for (size_t i = 0; i < models.size(); ++i) {
     Model m;
-    parse_model(models.item(i), m, params_path, params, params_loaded);
+    parse_model(models.item(i), m, params);
     if (t.model_index(m.name) >= 0) models.item(i).at("name").fail("model \"" + m.name + "\" is defined twice");
     t.models.push_back(std::move(m));
   }
@@ -568,25 +518,32 @@ Trace load_trace(const std::string& path, const std::string& params_csv) {
 
 void set_machine_field(Machine& m, const std::string& assignment) {
   const size_t eq = assignment.find('=');
-  if (eq == std::string::npos)
-    throw std::invalid_argument("--machine expects FIELD=VALUE, got \"" + assignment + "\"");
-  const std::string k = strip(assignment.substr(0, eq)), v = assignment.substr(eq + 1);
-  try {
-    if (k == "ram") m.ram = parse_bytes(v);
-    else if (k == "vram") m.vram = parse_bytes(v);
-    else if (k == "headroom") m.headroom = parse_bytes(v);
-    else if (k == "other_ram") m.other_ram = parse_bytes(v);
-    else if (k == "swap") m.swap = parse_bytes(v);
-    else if (k == "vram_reserve") m.vram_reserve = parse_bytes(v);
-    else if (k == "disk_read_bw") m.disk_read_bw = parse_bandwidth(v);
-    else if (k == "ram_copy_bw") m.ram_copy_bw = parse_bandwidth(v);
-    else if (k == "h2d_bw") m.h2d_bw = parse_bandwidth(v);
-    else
-      throw std::invalid_argument("unknown machine field \"" + k +
-                                  "\" (fields: ram, vram, disk_read_bw, ram_copy_bw, h2d_bw, headroom, other_ram, swap, vram_reserve)");
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument("--machine " + k + ": " + e.what());
-  }
+  if (eq == std::string::npos) throw std::invalid_argument("--machine expects FIELD=VALUE, got \"" + assignment + "\"");
+  const std::string k(trim(std::string_view(assignment).substr(0, eq)));
+  const std::string v = assignment.substr(eq + 1);
+  const auto size = [&] {
+    const std::optional<uint64_t> b = parse_size(v);
+    if (!b) throw std::invalid_argument("--machine " + k + ": expected " + kSizeForm + ", got \"" + v + "\"");
+    return *b;
+  };
+  const auto bandwidth = [&] {
+    const std::optional<double> b = parse_bandwidth(v);
+    if (!b) throw std::invalid_argument("--machine " + k + ": expected " + kBandwidthForm + ", got \"" + v + "\"");
+    return *b;
+  };
+  if (k == "ram") m.ram = size();
+  else if (k == "vram") m.vram = size();
+  else if (k == "headroom") m.headroom = size();
+  else if (k == "other_ram") m.other_ram = size();
+  else if (k == "swap") m.swap = size();
+  else if (k == "vram_reserve") m.vram_reserve = size();
+  else if (k == "disk_read_bw") m.disk_read_bw = bandwidth();
+  else if (k == "ram_copy_bw") m.ram_copy_bw = bandwidth();
+  else if (k == "h2d_bw") m.h2d_bw = bandwidth();
+  else
+    throw std::invalid_argument(
+        "--machine: unknown machine field \"" + k +
+        "\" (fields: ram, vram, disk_read_bw, ram_copy_bw, h2d_bw, headroom, other_ram, swap, vram_reserve)");
   if (m.other_ram >= m.ram) throw std::invalid_argument("--machine: other_ram must be less than ram");
   if (m.vram_reserve >= m.vram) throw std::invalid_argument("--machine: vram_reserve must be less than vram");
 }

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "profiling/data/model_params.h"
 
 namespace pins::sim {
 
@@ -46,9 +49,9 @@ struct Model {
 // `bytes` in all, split over the patched layers in proportion to their size.
 struct Lora {
   std::string name;
-  int model = -1;                 // index into Trace::models
+  int model = -1;  // index into Trace::models
   uint64_t bytes = 0;
-  std::vector<std::string> targets;  // layer-name prefixes it patches; empty: every layer
+  std::vector<std::string> targets;   // layer-name prefixes it patches; empty: every layer
   std::vector<uint64_t> layer_bytes;  // per layer of the model; 0: not patched
 };
 
@@ -72,7 +75,7 @@ struct Sequence {
   std::string description;
   std::vector<int> prompts;  // indices into Trace::prompts
   int repeat_from = 0;
-  int runs = 6;              // default number of runs
+  int runs = 6;                  // default number of runs
   int prompt_at(int run) const;  // run is 0-based
   int period() const { return static_cast<int>(prompts.size()) - repeat_from; }
 };
@@ -88,27 +91,27 @@ struct Trace {
   std::vector<Prompt> prompts;
   std::vector<Sequence> sequences;
 
-  int model_index(const std::string& name) const;  // -1 when absent
+  int model_index(const std::string& name) const;           // -1 when absent
   const Sequence& sequence(const std::string& name) const;  // throws TraceError listing the names
   uint64_t largest_layer() const;
   uint64_t total_weight_bytes() const;
 };
 
 // Reads and validates a trace file. `params_csv` is the model parameter list
-// that `"params"` layer specs refer to (profiling/data/model_params.csv); empty:
-// the trace's own "params_file" (relative to the trace) or the built-in default.
+// that `"params"` layer specs refer to; empty: the trace's own "params_file"
+// (relative to the trace) or model_params::default_path().
 Trace load_trace(const std::string& path, const std::string& params_csv = "");
 // The same from text; `origin` names it in errors.
 Trace parse_trace(const std::string& text, const std::string& origin, const std::string& params_csv = "");
 
-// Overrides one machine field: "other_ram=6GiB", "h2d_bw=25GB/s".
+// Overrides one machine field: "other_ram=6GiB", "h2d_bw=25GB/s". Throws
+// std::invalid_argument naming the field and the value.
 void set_machine_field(Machine& m, const std::string& assignment);
 
-// "32GiB", "1.5 GiB", "500MB", 4096 -> bytes (KB/MB/GB/TB decimal; K/M/G/T and
-// KiB/MiB/GiB/TiB binary). Throws std::invalid_argument describing the form.
-uint64_t parse_bytes(const std::string& text);
-// "3 GB/s", "25GiB/s" -> bytes per second.
-double parse_bandwidth(const std::string& text);
+// A bandwidth: a positive number with a unit of Note [Size syntax] (csrc/base/size.h)
+// and an optional "/s": "3GB/s" = 3e9, "25 GiB/s", "500MB" -> bytes per second;
+// nullopt when `text` is not one.
+std::optional<double> parse_bandwidth(std::string_view text);
 
 // The layers of a model in a parameter list, grouped as `group` asks:
 //   "tensor"  one layer per tensor
@@ -118,15 +121,7 @@ double parse_bandwidth(const std::string& text);
 //             none ("conv_in", "head"); a block larger than `max_layer_bytes`
 //             is split at the next numeric component, recursively
 // Consecutive tensors only: a group never spans a gap in the file's order.
-struct ParamTensor {
-  std::string name;
-  uint64_t numel = 0;
-};
-std::vector<Layer> group_layers(const std::vector<ParamTensor>& tensors, const std::string& group,
+std::vector<Layer> group_layers(const std::vector<model_params::Tensor>& tensors, const std::string& group,
                                 uint64_t bytes_per_param, uint64_t max_layer_bytes);
-// Reads model_params.csv into model -> tensors (file order).
-std::map<std::string, std::vector<ParamTensor>> read_params(const std::string& path);
-
-std::string default_params_path();
 
 }  // namespace pins::sim
