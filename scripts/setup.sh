@@ -24,7 +24,9 @@ if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ] || [ python_bindings/pyproject.t
   echo "setup: creating .venv (torch from local wheels)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q -r "$req"
-  # The pins package, editable: it loads the libpins.so the build copies into it.
+  # The torch_pins package, editable: imported in place from python_bindings/, it
+  # loads the libpins.so the build copies into it. No CMake run here (pyproject.toml,
+  # the editable override): the library is built once, into build/.
   .venv/bin/pip install -q --no-deps --no-build-isolation -e python_bindings
   touch "$stamp"
 fi

@@ -3,13 +3,25 @@
 // pins::cast_to_device, and prints what it saw. Exits non-zero on any mismatch.
 #include <torch/script.h>
 
+#include <cstring>
 #include <iostream>
 
 #include <pins/ops.h>
 
+namespace {
+const char* kUsage =
+    "usage: pins_cpp_app MODULE.pt\n"
+    "Casts a weight through pins twice, then runs MODULE.pt (a TorchScript module whose\n"
+    "forward(x, model) calls pins::cast_to_device) twice, and prints the hits and misses.\n";
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::cout << kUsage;
+    return 0;
+  }
   if (argc != 2) {
-    std::cerr << "usage: pins_cpp_app MODULE.pt\n";
+    std::cerr << kUsage;
     return 2;
   }
   try {

@@ -11,6 +11,13 @@ Load the library and use the ops::
 Every function here calls the torch op of the same name (``torch.ops.pins.*``),
 so Python, TorchScript and C++ run the same code. Configuration comes from the
 ``PINS_CONF`` environment variable or :func:`configure`.
+
+Errors: a bad value of an argument or of the configuration (a source that is not
+a dense, non-quantized CPU tensor, an unknown ``kind``, a negative byte count, a
+model id that is not registered, an unknown key or bad value in ``PINS_CONF``)
+raises ``ValueError``; a request that cannot be served in the current state
+(``/proc/meminfo`` unreadable, a monitor thread that cannot start) raises
+``RuntimeError``. Both say what was wrong and the value it got.
 """
 import contextlib
 from typing import Dict, Iterable, Iterator, Optional, Union
@@ -18,13 +25,14 @@ from typing import Dict, Iterable, Iterator, Optional, Union
 import torch
 
 from . import _library
+from ._version import __version__
 
 _library.load()
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 
 __all__ = [
     "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "prompt",
-    "cast_to_device", "free_pins", "stats", "Stats", "configure", "library_path",
+    "cast_to_device", "free_pins", "stats", "Stats", "configure", "library_path", "__version__",
 ]
 
 library_path = _library.library_path
@@ -85,13 +93,18 @@ def cast_to_device(source: torch.Tensor, device: DeviceLike, dtype: Optional[tor
     When the budget refuses a pin the copy comes straight from the source.
     ``kind`` is ``"weights"`` or ``"patches"`` (patch tensors such as LoRA
     factors). A pin never serves stale data: a source written in place or freed
-    is re-pinned. Non-contiguous sources are pinned as a contiguous copy."""
+    is re-pinned. Non-contiguous sources are pinned as a contiguous copy.
+
+    A source that is not a dense, non-quantized CPU tensor, a bad ``kind``, a
+    ``signature`` without ``kind="patches"`` or a ``model`` that is not
+    registered raises ``ValueError``."""
     return _ops.cast_to_device(source, torch.device(device), dtype, non_blocking, model, kind, resident, signature)
 
 
 def free_pins(bytes: int, evict_active: bool = False) -> int:
     """Frees at least ``bytes`` of pins along the eviction tiers (active models'
-    streaming pins only with ``evict_active``); returns the bytes freed."""
+    streaming pins only with ``evict_active``); returns the bytes freed. A
+    negative ``bytes`` raises ``ValueError``."""
     return _ops.free_pins(bytes, evict_active)
 
 
@@ -120,7 +133,11 @@ def stats() -> Stats:
 
 def configure(conf: str = "", **keys) -> None:
     """Applies settings, in PINS_CONF syntax and/or as keywords:
-    ``pins.configure("policy:trace", headroom="6G")``."""
+    ``pins.configure("policy:trace", headroom="6G")``.
+
+    An unknown key, a bad value, or a key of the host pool once the pool exists
+    raises ``ValueError`` and applies nothing; a monitor that cannot start raises
+    ``RuntimeError`` after the rest was applied."""
     parts = [conf] if conf else []
     for k, v in keys.items():
         if isinstance(v, bool):

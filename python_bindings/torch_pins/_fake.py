@@ -12,5 +12,5 @@ _library.load()
 @torch.library.register_fake("pins::cast_to_device")
 def _cast_to_device_fake(source, device, dtype=None, non_blocking=False, model=-1, kind="weights",
                          resident=False, signature=None):
-    torch._check(source.device.type == "cpu", lambda: f"cast_to_device: source must be a CPU tensor, got device {source.device}")
+    torch._check_value(source.device.type == "cpu", lambda: f"cast_to_device: source must be a CPU tensor, got device {source.device}")
     return torch.empty(source.shape, dtype=dtype if dtype is not None else source.dtype, device=device)

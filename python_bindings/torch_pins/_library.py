@@ -1,30 +1,39 @@
 """Finds and loads libpins.so into torch (once)."""
 import os
+from typing import List, Optional
 
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def library_path():
-    """The libpins.so this package loads: $PINS_LIBRARY, else the copy shipped in
-    the package (``pins/_lib``), else the repository's ``build/lib``."""
-    candidates = []
+def candidates() -> List[str]:
+    """Where :func:`library_path` looks, in order: $PINS_LIBRARY, the copy shipped
+    in the package (``torch_pins/_lib``: the wheel's, or the one the repository's
+    build copies there), the repository's ``build/lib``."""
+    found = []
     env = os.environ.get("PINS_LIBRARY")
     if env:
-        candidates.append(env)
-    candidates.append(os.path.join(_HERE, "_lib", "libpins.so"))
-    candidates.append(os.path.join(os.path.dirname(os.path.dirname(_HERE)), "build", "lib", "libpins.so"))
-    for path in candidates:
+        found.append(env)
+    found.append(os.path.join(_HERE, "_lib", "libpins.so"))
+    found.append(os.path.join(os.path.dirname(os.path.dirname(_HERE)), "build", "lib", "libpins.so"))
+    return found
+
+
+def library_path() -> str:
+    """The libpins.so this package loads: the first of :func:`candidates` that exists."""
+    looked = candidates()
+    for path in looked:
         if os.path.isfile(path):
             return path
     raise ImportError(
-        "pins: libpins.so not found; looked at " + ", ".join(candidates)
-        + ". Build it (make build) or set PINS_LIBRARY."
+        "pins: libpins.so not found; looked at " + ", ".join(looked)
+        + ". Build it (make build), install the wheel (pip install --no-build-isolation ./python_bindings) "
+        "or set PINS_LIBRARY."
     )
 
 
-def built_against(path):
+def built_against(path: str) -> Optional[str]:
     """The torch version libpins.so at `path` was built against (from the
     ``.torch`` file the build writes beside it), or None when unknown."""
     try:
@@ -34,19 +43,21 @@ def built_against(path):
         return None
 
 
-def _release(version):
-    return version.split("+", 1)[0]
+def release(version: str) -> str:
+    """The MAJOR.MINOR release of a torch version (``2.13.0+cpu`` -> ``2.13``): the
+    C++ ABI a library is built for, and what the wheel pins (``torch==2.13.*``)."""
+    return ".".join(version.split("+", 1)[0].split(".")[:2])
 
 
-def load():
+def load() -> str:
     path = library_path()
     if path in torch.ops.loaded_libraries:
         return path
     built = built_against(path)
-    if built is not None and _release(built) != _release(torch.__version__):
+    if built is not None and release(built) != release(torch.__version__):
         raise ImportError(
             f"pins: {path} was built against torch {built}, but this is torch {torch.__version__}; "
-            "rebuild it (make build) against this torch"
+            "rebuild it (make build, or reinstall the wheel) against this torch"
         )
     torch.ops.load_library(path)
     return path

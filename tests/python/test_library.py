@@ -28,6 +28,41 @@ def test_a_library_built_for_another_torch_is_refused_with_a_clear_error(tmp_pat
     assert "rebuild it" in out.stderr
 
 
+def test_a_library_built_for_another_patch_release_of_the_same_torch_loads(tmp_path):
+    # The wheel requires torch==X.Y.* (python_bindings/metadata/torch_release.py):
+    # the import check accepts what that requirement lets pip install.
+    import shutil
+
+    import torch
+
+    major, minor = torch.__version__.split(".")[:2]
+    lib = tmp_path / "libpins.so"
+    shutil.copy(LIB, lib)
+    (tmp_path / "libpins.so.torch").write_text(f"{major}.{minor}.99\n")
+    code = "import torch_pins as p; print(p.library_path())"
+    env = dict(os.environ, PINS_LIBRARY=str(lib), PYTHONPATH=os.path.join(ROOT, "python_bindings"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(lib)
+
+
+def test_the_package_has_one_version_shared_with_cmake(tmp_path):
+    # CMakeLists.txt reads torch_pins/_version.py before project(): run those lines.
+    import re
+
+    import torch_pins
+
+    text = open(os.path.join(ROOT, "CMakeLists.txt")).read()
+    head, _, rest = text.partition("\nproject(pins VERSION ${_pins_version} ")
+    assert rest, "CMakeLists.txt must take project(VERSION) from torch_pins/_version.py"
+    script = tmp_path / "version.cmake"
+    script.write_text(head + '\nmessage("${_pins_version}")\n')
+    out = subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"\d+\.\d+\.\d+", torch_pins.__version__)
+    assert out.stderr.strip() == torch_pins.__version__
+
+
 def test_the_build_records_its_torch_version():
     import torch
 

@@ -1,0 +1,175 @@
+"""``python -m torch_pins``: a small command line (also installed as ``torch-pins``).
+
+  stats      the library, its configuration and every counter of a fresh process
+  simulate   the workflow simulator, pins-sim (arguments go to it)
+  demo       what ``make demo`` runs: the host-pool benchmark, then the simulator
+
+Exit status: 0 when the command ran (simulate and demo: the tools' own status),
+2 for a usage error or a tool that is not available here, with a message that
+says where it was looked for.
+
+pins-sim and pins-bench are C++ executables of the source tree (``make build``
+puts them in build/bin); the wheel does not ship them: they read the traces and
+model data of the repository (profiling/). They are found through $PINS_SIM and
+$PINS_BENCH, the ``build/bin`` of the checkout this package sits in, or PATH.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from . import _library
+
+# The checkout this package sits in, when it is imported from python_bindings/
+# of a clone (make test's editable install) rather than from a wheel.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# What `make demo` runs after the benchmark (Makefile).
+DEMO_TRACE = os.path.join("profiling", "traces", "wan22_a14b_32g_ram_32g_vram.json")
+DEMO_RUNS = "4"
+
+USAGE_ERROR = 2
+
+
+def find_tool(name: str, env: str) -> Tuple[Optional[str], List[str]]:
+    """The path of executable `name` ($`env`, the checkout's build/bin, PATH) and
+    the places looked at, for the message when it is absent."""
+    explicit = os.environ.get(env)
+    if explicit:  # said explicitly: no other place is tried
+        ok = os.path.isfile(explicit) and os.access(explicit, os.X_OK)
+        return (explicit if ok else None), [f"${env}={explicit}, not an executable file"]
+    looked = [f"${env} (unset)"]
+    in_checkout = os.path.join(_CHECKOUT, "build", "bin", name)
+    looked.append(in_checkout)
+    if os.path.isfile(in_checkout) and os.access(in_checkout, os.X_OK):
+        return in_checkout, looked
+    looked.append("PATH")
+    on_path = shutil.which(name)
+    if on_path:
+        return on_path, looked
+    return None, looked
+
+
+def _absent(name: str, env: str, looked: Sequence[str]) -> int:
+    print(f"torch_pins: {name} not found (looked at {', '.join(looked)}). It is a C++ executable of the "
+          f"source tree, not part of the wheel: run `make build` in a clone of the repository (it lands in "
+          f"build/bin), then set {env} to its path or put it on PATH.", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    import torch
+
+    import torch_pins as pins
+
+    s = pins.stats()
+    path = pins.library_path()
+    backend = sorted(k[len("backend."):] for k, v in s.items() if k.startswith("backend.") and v)
+    conf = os.environ.get("PINS_CONF", "")
+    if args.json:
+        print(json.dumps({"version": pins.__version__, "library": path, "built_against": _library.built_against(path),
+                          "torch": torch.__version__, "PINS_CONF": conf, "backend": ",".join(backend),
+                          "counters": dict(s)}, indent=1, sort_keys=True))
+        return 0
+    print(f"torch-pins {pins.__version__}")
+    print(f"library    {path} (built against torch {_library.built_against(path) or 'unknown'})")
+    print(f"torch      {torch.__version__}")
+    print(f"PINS_CONF  {conf if conf else '(unset: the defaults of csrc/runtime/config.h)'}")
+    print(f"backend    {','.join(backend) or 'unknown'}")
+    print()
+    print(s)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    sim, looked = find_tool("pins-sim", "PINS_SIM")
+    if sim is None:
+        return _absent("pins-sim", "PINS_SIM", looked)
+    sim_args = list(args.sim_args)
+    if sim_args[:1] == ["--"]:
+        sim_args = sim_args[1:]
+    return subprocess.call([sim, *sim_args])
+
+
+def _checkout_with_traces() -> Optional[str]:
+    """A source tree that holds the demo's trace: this package's checkout, or the
+    current directory (a clone where the wheel is installed)."""
+    for root in (_CHECKOUT, os.getcwd()):
+        if os.path.isfile(os.path.join(root, DEMO_TRACE)):
+            return root
+    return None
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    root = _checkout_with_traces()
+    if root is None:
+        print(f"torch_pins: demo needs a clone of the repository: its trace {DEMO_TRACE} is in neither "
+              f"{_CHECKOUT} nor the current directory {os.getcwd()}. Run `make demo` in a clone, or this "
+              "command from one.", file=sys.stderr)
+        return USAGE_ERROR
+    bench, looked_bench = find_tool("pins-bench", "PINS_BENCH")
+    if bench is None:
+        return _absent("pins-bench", "PINS_BENCH", looked_bench)
+    sim, looked_sim = find_tool("pins-sim", "PINS_SIM")
+    if sim is None:
+        return _absent("pins-sim", "PINS_SIM", looked_sim)
+    rc = subprocess.call([bench, "alloc"], cwd=root)
+    if rc != 0:
+        return rc
+    print(flush=True)
+    return subprocess.call([sim, "--trace", DEMO_TRACE, "--runs", DEMO_RUNS], cwd=root)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m torch_pins",
+        description="pins: a pinned host-RAM cache for model weights. Exit status 0 when the command ran, "
+                    "2 for a usage error or a tool that is not available here.")
+    p.add_argument("--version", action="version", version=f"torch-pins {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    stats = sub.add_parser("stats", help="the library, configuration (PINS_CONF), backend and counters of a fresh process",
+                           description="Loads the library in this fresh process and prints its configuration "
+                                       "(PINS_CONF), backend and every counter of pins.stats().")
+    stats.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    stats.set_defaults(run=cmd_stats)
+    simulate = sub.add_parser(
+        "simulate", help="run the workflow simulator pins-sim (arguments go to it)",
+        description="Runs pins-sim, the workflow simulator (docs/SIMULATOR.md), with the arguments that follow: "
+                    "`python -m torch_pins simulate -- --help` lists its own. pins-sim is a C++ executable of the "
+                    "source tree (make build puts it in build/bin), not part of the wheel; it is found through "
+                    "$PINS_SIM, the build/bin of the checkout this package is in, or PATH.",
+        usage="python -m torch_pins simulate [-h] [--] PINS_SIM_ARGS...")
+    simulate.add_argument("sim_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    simulate.set_defaults(run=cmd_simulate)
+    demo = sub.add_parser(
+        "demo", help="what `make demo` runs: the host-pool benchmark, then a simulated workflow",
+        description=f"Runs what `make demo` runs, from a clone of the repository: pins-bench alloc, then pins-sim "
+                    f"--trace {DEMO_TRACE} --runs {DEMO_RUNS}. Needs the clone's traces and its build "
+                    "(make build); found as for simulate ($PINS_BENCH, $PINS_SIM, build/bin, PATH).")
+    demo.set_defaults(run=cmd_demo)
+    return p
+
+
+def _version() -> str:
+    from ._version import __version__
+    return __version__
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `simulate` is pins-sim's, options included; argparse
+    # would take them for its own.
+    if argv[:1] == ["simulate"] and argv[1:] not in (["-h"], ["--help"]):
+        return cmd_simulate(argparse.Namespace(sim_args=argv[1:]))
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `... stats | head`: the reader has gone, as for any other command
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""`python -m torch_pins` in the repository's checkout (test_install.py runs it
+from the wheel, where the simulator is absent)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SIM = os.path.join(ROOT, "build", "bin", "pins-sim")
+TRACE = os.path.join(ROOT, "profiling", "traces", "sdxl_refiner_16g_ram_8g_vram.json")
+
+
+def cli(*args, **env):
+    full = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python_bindings"))
+    for k in ("PINS_SIM", "PINS_BENCH", "PINS_CONF"):
+        full.pop(k, None)
+    full.update(env)
+    return subprocess.run([sys.executable, "-m", "torch_pins", *args], capture_output=True, text=True, env=full,
+                          cwd=ROOT)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["stats", "--help"], ["simulate", "--help"], ["demo", "--help"]])
+def test_help_exits_0(args):
+    out = cli(*args)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m torch_pins")
+
+
+@pytest.mark.parametrize("args", [[], ["bogus"], ["stats", "--bogus"]])
+def test_usage_errors_exit_2(args):
+    out = cli(*args)
+    assert out.returncode == 2
+    assert "usage: python -m torch_pins" in out.stderr
+
+
+def test_version():
+    import torch_pins
+
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"torch-pins {torch_pins.__version__}"
+
+
+def test_stats_of_a_fresh_process_shows_configuration_backend_and_counters():
+    out = cli("stats", PINS_CONF="backend:null,policy:lru")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("torch-pins ")
+    assert "PINS_CONF  backend:null,policy:lru" in lines
+    assert "backend    null" in lines
+    assert any(line.split()[:2] == ["hits", "0"] for line in lines), out.stdout
+    out = cli("stats", "--json")
+    s = json.loads(out.stdout)
+    assert s["PINS_CONF"] == "" and s["counters"]["pins"] == 0 and s["counters"][f"backend.{s['backend']}"] == 1
+
+
+@pytest.mark.skipif(not os.path.exists(SIM), reason="build/bin/pins-sim not built")
+def test_simulate_runs_pins_sim_with_the_arguments_given():
+    out = cli("simulate", "--trace", TRACE, "--policy", "mru", "--runs", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    json.loads(out.stdout)
+    out = cli("simulate", "--", "--runs", "0")  # pins-sim's own usage error and status
+    assert out.returncode == 2 and "--runs: expected a positive integer" in out.stderr
+
+
+def test_simulate_and_demo_name_the_tool_they_cannot_find():
+    out = cli("simulate", "--trace", TRACE, PINS_SIM="/nonexistent/pins-sim")
+    assert out.returncode == 2
+    assert "pins-sim not found (looked at $PINS_SIM=/nonexistent/pins-sim, not an executable file)" in out.stderr
+    out = cli("demo", PINS_BENCH="/nonexistent/pins-bench")
+    assert out.returncode == 2
+    assert "pins-bench not found (looked at $PINS_BENCH=/nonexistent/pins-bench" in out.stderr

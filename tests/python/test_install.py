@@ -1,0 +1,310 @@
+"""An install from a fresh clone into another prefix and another venv (issue 8):
+the wheel built by `pip install --no-build-isolation ./python_bindings` runs the
+README's Python examples in a venv of its own, `cmake --install` gives a package
+that the C++ app finds from another prefix with only torch's prefix added, and
+neither carries a path of the build machine.
+
+The clone is the work tree as git sees it (tracked and new, not ignored, files),
+so uncommitted changes are tested too; in CI, a fresh clone, that is the clone.
+Everything lives under $PINS_INSTALL_CHECK_DIR (default build/install-check,
+removed by `make clean`) and is reused, so a rerun is incremental:
+  src/          the clone (files copied only when changed, so ninja rebuilds nothing else)
+  venv/         the other venv: torch (local wheel only), scikit-build-core
+  wheel-build/  scikit-build-core's build-dir: also the tree `cmake --install` installs from
+  dist/         the wheel
+  prefix/       the CMake package, installed into stage/ and then moved here (relocatable)
+  app-build/    examples/cpp_app built against prefix/
+On a fresh machine the wheel's native build takes about 3-4 minutes (2 cores),
+the venv about 30 s, the app about 1 minute; a rerun about 1 minute.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORK = os.path.abspath(os.environ.get("PINS_INSTALL_CHECK_DIR", os.path.join(ROOT, "build", "install-check")))
+SRC = os.path.join(WORK, "src")
+VENV = os.path.join(WORK, "venv")
+VENV_PY = os.path.join(VENV, "bin", "python")
+TIMES = []  # (step, seconds), printed in failure messages and by -s
+
+
+def run(step, cmd, **kw):
+    """Runs `cmd` (a list), records its time under `step`; fails with its output."""
+    start = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=kw.pop("env", clean_env()), **kw)
+    TIMES.append((step, time.monotonic() - start))
+    assert out.returncode == 0, f"{step}: {' '.join(cmd)} exited {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    return out
+
+
+def clean_env(**extra):
+    """This environment without what points into the repository's own build."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PINS_LIBRARY", "PINS_CONF", "PINS_SIM", "PINS_BENCH", "VIRTUAL_ENV",
+                        "CMAKE_ARGS", "CMAKE_PREFIX_PATH", "pins_DIR")}
+    env.update(extra)
+    return env
+
+
+def sync_clone():
+    """SRC becomes the work tree as a clone would have it: git's tracked and new
+    (not ignored) files, build trees left out; files that did not change keep
+    their times."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    wanted = set()
+    for rel in listed:
+        if not rel or rel.split("/", 1)[0].startswith("build"):
+            continue  # build/ and the per-engineer build-*/ trees are never part of a clone
+        src = os.path.join(ROOT, rel)
+        if not os.path.lexists(src):
+            continue  # deleted in the work tree
+        wanted.add(rel)
+        dst = os.path.join(SRC, rel)
+        if os.path.islink(src):
+            if not os.path.islink(dst) or os.readlink(dst) != os.readlink(src):
+                if os.path.lexists(dst):
+                    os.remove(dst)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.symlink(os.readlink(src), dst)
+            continue
+        st = os.stat(src)
+        if os.path.isfile(dst) and not os.path.islink(dst):
+            dt = os.stat(dst)
+            if dt.st_size == st.st_size and int(dt.st_mtime) == int(st.st_mtime):
+                continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.lexists(dst):
+            os.remove(dst)
+        shutil.copy2(src, dst)
+    for dirpath, dirnames, filenames in os.walk(SRC, topdown=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.relpath(path, SRC) not in wanted:
+                os.remove(path)
+        for name in dirnames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                if os.path.relpath(path, SRC) not in wanted:
+                    os.remove(path)
+            elif not os.listdir(path):
+                os.rmdir(path)
+
+
+def venv_site():
+    """The venv's site-packages."""
+    lib = os.path.join(VENV, "lib")
+    found = [d for d in os.listdir(lib) if d.startswith("python")]
+    assert len(found) == 1, found
+    return os.path.join(lib, found[0], "site-packages")
+
+
+def torch_release_of_this_python():
+    import torch
+
+    return torch.__version__.split("+", 1)[0]
+
+
+def make_venv():
+    """The other venv, once: torch from a local wheel only (--no-index: never a
+    download), then what the build needs (scikit-build-core) and torch's own
+    dependencies from the index."""
+    if os.path.exists(VENV_PY):
+        return
+    run("venv: create", [sys.executable, "-m", "venv", VENV])
+    pip = [VENV_PY, "-m", "pip", "install", "-q", "--no-compile"]
+    run("venv: torch (local wheel)", pip + ["--no-index", "--no-deps", f"torch=={torch_release_of_this_python()}"])
+    run("venv: torch's dependencies, scikit-build-core", pip + [f"torch=={torch_release_of_this_python()}",
+                                                              "scikit-build-core>=1.1"])
+
+
+@pytest.fixture(scope="module")
+def installed():
+    """Clone, venv, wheel (built and installed in the venv), CMake package (installed
+    into stage/, moved to prefix/). Returns the paths."""
+    start = time.monotonic()
+    os.makedirs(WORK, exist_ok=True)
+    sync_clone()
+    TIMES.append(("clone (git ls-files copy)", time.monotonic() - start))
+    make_venv()
+
+    dist = os.path.join(WORK, "dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    run("wheel: pip wheel --no-build-isolation (native build)",
+        [VENV_PY, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", dist,
+         "-C", f"build-dir={os.path.join(WORK, 'wheel-build')}", os.path.join(SRC, "python_bindings")])
+    wheels = [f for f in os.listdir(dist) if f.endswith(".whl")]
+    assert len(wheels) == 1, wheels
+    wheel = os.path.join(dist, wheels[0])
+    subprocess.run([VENV_PY, "-m", "pip", "uninstall", "-q", "-y", "torch-pins"], capture_output=True, env=clean_env())
+    # --no-index: the wheel's torch requirement must be met by the torch already there.
+    run("wheel: pip install --no-index", [VENV_PY, "-m", "pip", "install", "-q", "--no-index", wheel])
+
+    stage, prefix = os.path.join(WORK, "stage"), os.path.join(WORK, "prefix")
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.rmtree(prefix, ignore_errors=True)
+    run("cmake --install (component cpp)", ["cmake", "--install", os.path.join(WORK, "wheel-build"),
+                                             "--prefix", stage, "--component", "cpp"])
+    os.rename(stage, prefix)  # installed for one prefix, used from another
+    yield {"wheel": wheel, "prefix": prefix}
+    print("\ninstall check times:\n" + "\n".join(f"  {s:<60} {t:7.1f} s" for s, t in TIMES))
+
+
+def needles():
+    """Paths of the build machine that nothing installed may name."""
+    import torch
+
+    found = {ROOT, WORK, os.path.realpath(ROOT), sys.prefix, VENV, os.path.dirname(torch.__file__)}
+    return sorted(n for n in found if n and n != "/")
+
+
+def leaks(name, data):
+    text = data.decode("latin-1")
+    return [f"{name} names {n}" for n in needles() if n in text]
+
+
+def times():
+    return "\n".join(f"{s}: {t:.1f} s" for s, t in TIMES)
+
+
+def test_wheel_requires_the_torch_release_it_is_built_against():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "torch_release", os.path.join(ROOT, "python_bindings", "metadata", "torch_release.py"))
+    provider = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(provider)
+    assert provider.torch_requirement("2.13.0+cpu") == "torch==2.13.*"
+    assert provider.torch_requirement("2.14.1") == "torch==2.14.*"
+    with pytest.raises(ValueError, match="version must start with MAJOR.MINOR, got 'nightly'"):
+        provider.torch_requirement("nightly")
+    with pytest.raises(ValueError, match=r"takes no settings, got \['x'\]"):
+        provider.dynamic_metadata({"x": 1}, {})
+    assert provider.dynamic_metadata({}, {}) == {
+        "dependencies": [provider.torch_requirement(torch_release_of_this_python())]}
+
+
+def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
+    name = os.path.basename(installed["wheel"])
+    assert re.fullmatch(r"torch_pins-[0-9.]+-cp3\d+-cp3\d+-linux_x86_64\.whl", name), name
+    z = zipfile.ZipFile(installed["wheel"])
+    names = z.namelist()
+    info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    for want in ["torch_pins/__init__.py", "torch_pins/__main__.py", "torch_pins/_fake.py", "torch_pins/_version.py",
+                 "torch_pins/py.typed", "torch_pins/_lib/libpins.so", "torch_pins/_lib/libpins.so.torch",
+                 f"{info}/licenses/LICENSE", f"{info}/entry_points.txt"]:
+        assert want in names, (want, names)
+    meta = z.read(f"{info}/METADATA").decode()
+    release = ".".join(torch_release_of_this_python().split(".")[:2])
+    assert f"Requires-Dist: torch=={release}.*" in meta, meta
+    assert "License-Expression: BSD-3-Clause" in meta, meta
+    from torch_pins._version import __version__
+
+    assert f"\nVersion: {__version__}\n" in meta, meta
+    assert z.read(f"{info}/licenses/LICENSE") == open(os.path.join(ROOT, "LICENSE"), "rb").read()
+    lib = os.path.join(os.path.dirname(installed["wheel"]), "libpins.so")
+    with open(lib, "wb") as f:
+        f.write(z.read("torch_pins/_lib/libpins.so"))
+    sections = subprocess.run(["readelf", "-S", "-W", lib], capture_output=True, text=True, check=True).stdout
+    assert ".symtab" not in sections and ".debug_info" not in sections, "libpins.so in the wheel is not stripped"
+
+
+def test_wheel_names_no_path_of_the_build_machine(installed):
+    z = zipfile.ZipFile(installed["wheel"])
+    found = [leak for n in z.namelist() for leak in leaks(n, z.read(n))]
+    assert not found, found
+
+
+def test_wheel_in_another_venv_runs_the_readme_python_examples(installed, tmp_path):
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert blocks, "README.md has no python block"
+    for i, code in enumerate(blocks):
+        script = tmp_path / f"example{i}.py"
+        script.write_text(code)
+        run(f"README python block {i} in the venv", [VENV_PY, str(script)], cwd=str(tmp_path))
+
+
+def test_wheel_cli_in_another_venv(installed, tmp_path):
+    from torch_pins._version import __version__
+
+    stats = run("python -m torch_pins stats --json", [VENV_PY, "-m", "torch_pins", "stats", "--json"], cwd=str(tmp_path))
+    s = json.loads(stats.stdout)
+    # The venv's own package and library, not the repository's.
+    assert s["library"] == os.path.join(venv_site(), "torch_pins", "_lib", "libpins.so"), s
+    assert s["version"] == __version__ and s["backend"] and s["counters"]["pins"] == 0, s
+    script = os.path.join(VENV, "bin", "torch-pins")  # the same main as python -m torch_pins
+    assert os.access(script, os.X_OK) and "torch_pins.__main__" in open(script).read()
+    # The wheel ships no simulator: the CLI says where it looked and what to do.
+    env = clean_env(PATH=os.path.join(VENV, "bin") + os.pathsep + "/usr/bin:/bin")
+    for cmd, says in [("simulate", "pins-sim not found"), ("demo", "demo needs a clone of the repository")]:
+        out = subprocess.run([VENV_PY, "-m", "torch_pins", cmd], capture_output=True, text=True, env=env,
+                             cwd=str(tmp_path))
+        assert out.returncode == 2, (cmd, out.stdout, out.stderr)
+        assert says in out.stderr and "make " in out.stderr, (cmd, out.stderr)
+
+
+def test_installed_cmake_package_of_the_cpp_app_names_no_path_of_the_build_machine(installed):
+    prefix = installed["prefix"]
+    for rel in ["lib/libpins.so", "include/pins/ops.h", "lib/cmake/pins/pinsConfig.cmake",
+                "lib/cmake/pins/pinsConfigVersion.cmake", "lib/cmake/pins/pinsTargets.cmake",
+                "share/doc/pins/LICENSE"]:
+        assert os.path.isfile(os.path.join(prefix, rel)), rel
+    # Every public header of the source tree is installed.
+    for dirpath, _, filenames in os.walk(os.path.join(SRC, "include", "pins")):
+        for name in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, name), os.path.join(SRC, "include"))
+            assert os.path.isfile(os.path.join(prefix, "include", rel)), rel
+    found = []
+    for dirpath, _, filenames in os.walk(prefix):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if path.endswith((".cmake", ".h")):
+                found += leaks(os.path.relpath(path, prefix), open(path, "rb").read())
+    assert not found, found
+
+
+def test_cpp_app_builds_and_runs_against_the_installed_prefix(installed, tmp_path):
+    app_build = os.path.join(WORK, "app-build")
+    cache = os.path.join(app_build, "CMakeCache.txt")
+    if os.path.exists(cache):
+        os.remove(cache)  # configure afresh: find_package(pins) runs each time
+    torch_prefix = os.path.join(venv_site(), "torch", "share", "cmake")  # torch.utils.cmake_prefix_path
+    # Only the two prefixes: the installed package and torch's own.
+    run("cpp_app: configure", ["cmake", "-S", os.path.join(SRC, "examples", "cpp_app"), "-B", app_build, "-G", "Ninja",
+                               f"-DCMAKE_PREFIX_PATH={installed['prefix']};{torch_prefix}"])
+    cached = open(cache).read()
+    assert f"pins_DIR:PATH={installed['prefix']}/lib/cmake/pins" in cached, \
+        [line for line in cached.splitlines() if line.startswith("pins_DIR")]
+    run("cpp_app: build", ["cmake", "--build", app_build])
+    app = os.path.join(app_build, "pins_cpp_app")
+    help_out = run("pins_cpp_app --help", [app, "--help"])
+    assert help_out.stdout.startswith("usage: pins_cpp_app")
+    module = str(tmp_path / "caster.pt")
+    script = tmp_path / "script_caster.py"  # a file: TorchScript reads the source back
+    script.write_text(f"""
+import torch
+import torch_pins  # loads the library, so the op resolves while scripting
+
+class Caster(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.arange(16 * 8, dtype=torch.float32).reshape(16, 8) / 7)
+
+    def forward(self, x: torch.Tensor, model: int) -> torch.Tensor:
+        w = torch.ops.pins.cast_to_device(self.w, x.device, x.dtype, False, model, "weights", False, None)
+        return x @ w
+
+torch.jit.script(Caster()).save({module!r})
+""")
+    run("cpp_app: script the module in the venv", [VENV_PY, str(script)])
+    out = run("cpp_app: run", [app, module])
+    assert out.stdout.startswith("pins_cpp_app: ok hits=2 misses=2 pins=2"), out.stdout + "\n" + times()
