@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,9 +26,12 @@ std::string small_trace(const std::string& prompts, const std::string& sequences
       {"name": "B", "inference_bytes": "100MiB", "layers": [{"name": "b0", "bytes": "400MiB"},
         {"name": "b1", "bytes": "300MiB"}, {"name": "b2", "bytes": "200MiB"}, {"name": "b3", "bytes": "100MiB"}]}
     ],
-    "loras": )" + loras + R"(,
-    "prompts": )" + prompts + R"(,
-    "sequences": )" + sequences + "}";
+    "loras": )" +
+         loras + R"(,
+    "prompts": )" +
+         prompts + R"(,
+    "sequences": )" +
+         sequences + "}";
 }
 
 struct Seen {
@@ -55,17 +60,19 @@ TEST(SimExpand, WholeModelFitsAndStaysResident) {
   // F = 1000: budget = max(128, 1000 - 200, min(0.4*1000, 1000 - 100)) = 800 < 1000:
   // largest first while the total stays under 800: b0 (400), b1 (700); b2
   // (900) and b3 (800, not < 800) stream. Copies of b0, b1, then per pass b2, b3.
-  const Trace t = parse_trace(small_trace(R"([{"name": "p", "steps": [{"model": "B", "steps": 2}]}])",
-                                          R"([{"name": "s", "prompts": ["p"]}])"),
-                              "small");
+  const Trace t = parse_trace(
+      small_trace(R"([{"name": "p", "steps": [{"model": "B", "steps": 2}]}])", R"([{"name": "s", "prompts": ["p"]}])"),
+      "small");
   const Expansion e = expand(t, t.sequences[0], 2);
-  const std::vector<Seen> want = {{"B", "b0", 400, true, false}, {"B", "b1", 300, true, false},
+  const std::vector<Seen> want = {{"B", "b0", 400, true, false},  {"B", "b1", 300, true, false},
                                   {"B", "b2", 200, false, false}, {"B", "b3", 100, false, false},
                                   {"B", "b2", 200, false, false}, {"B", "b3", 100, false, false}};
   EXPECT_EQ(accesses(t, e, 0), want);
   // Run 2: b0 and b1 are still on the device; only the streamed layers move.
-  const std::vector<Seen> again = {{"B", "b2", 200, false, false}, {"B", "b3", 100, false, false},
-                                   {"B", "b2", 200, false, false}, {"B", "b3", 100, false, false}};
+  const std::vector<Seen> again = {{"B", "b2", 200, false, false},
+                                   {"B", "b3", 100, false, false},
+                                   {"B", "b2", 200, false, false},
+                                   {"B", "b3", 100, false, false}};
   EXPECT_EQ(accesses(t, e, 1), again);
   const RunBound& b = e.runs[1].bound;
   EXPECT_EQ(b.used, 1000 * M);
@@ -89,16 +96,18 @@ TEST(SimExpand, OtherModelsUnloadWholeOrSmallestLayersFirst) {
   // 400 = 600: budget max(128, 500, min(240, 500)) = 500 > 300: a0, a1 again.
   // B: 1.1*600 + 200 = 860 to free, 300 free: A gives 560 >= 300: unloaded whole.
   // F = 600 + 400 = 1000: budget 800: b0 (kept), b1 copied; b2, b3 stream.
-  const Trace t = parse_trace(
-      small_trace(R"([{"name": "p", "steps": [{"model": "A"}, {"model": "B"}]}])", R"([{"name": "s", "prompts": ["p"]}])"),
-      "small");
+  const Trace t = parse_trace(small_trace(R"([{"name": "p", "steps": [{"model": "A"}, {"model": "B"}]}])",
+                                          R"([{"name": "s", "prompts": ["p"]}])"),
+                              "small");
   const Expansion e = expand(t, t.sequences[0], 2);
-  const std::vector<Seen> run1 = {{"A", "a0", 200, true, false}, {"A", "a1", 100, true, false},
-                                  {"B", "b0", 400, true, false}, {"B", "b1", 300, true, false},
+  const std::vector<Seen> run1 = {{"A", "a0", 200, true, false},  {"A", "a1", 100, true, false},
+                                  {"B", "b0", 400, true, false},  {"B", "b1", 300, true, false},
                                   {"B", "b2", 200, false, false}, {"B", "b3", 100, false, false}};
   EXPECT_EQ(accesses(t, e, 0), run1);
-  const std::vector<Seen> run2 = {{"A", "a0", 200, true, false}, {"A", "a1", 100, true, false},
-                                  {"B", "b1", 300, true, false}, {"B", "b2", 200, false, false},
+  const std::vector<Seen> run2 = {{"A", "a0", 200, true, false},
+                                  {"A", "a1", 100, true, false},
+                                  {"B", "b1", 300, true, false},
+                                  {"B", "b2", 200, false, false},
                                   {"B", "b3", 100, false, false}};
   EXPECT_EQ(accesses(t, e, 1), run2);
   const RunBound& b = e.runs[1].bound;
@@ -140,7 +149,7 @@ TEST(SimExpand, LoraPatchesFollowTheirWeightsAndASwapReloads) {
   std::vector<std::pair<std::string, bool>> run1;
   for (const Access& a : e.accesses)
     if (a.run == 0) run1.emplace_back(key_name(t, a), a.resident);
-  const std::vector<std::pair<std::string, bool>> want = {{"B/b0", true},  {"lora:style/B/b0", true}, {"B/b1", true},
+  const std::vector<std::pair<std::string, bool>> want = {{"B/b0", true},  {"lora:style/B/b0", true},  {"B/b1", true},
                                                           {"B/b2", false}, {"lora:style/B/b2", false}, {"B/b3", false}};
   EXPECT_EQ(run1, want);
   for (const Access& a : e.accesses)
@@ -150,8 +159,10 @@ TEST(SimExpand, LoraPatchesFollowTheirWeightsAndASwapReloads) {
     }
   // Run 2 has no LoRA: the patched copies on the device are restored, so b0 and
   // b1 are copied again; no patch is.
-  const std::vector<Seen> run2 = {{"B", "b0", 400, true, false}, {"B", "b1", 300, true, false},
-                                  {"B", "b2", 200, false, false}, {"B", "b3", 100, false, false}};
+  const std::vector<Seen> run2 = {{"B", "b0", 400, true, false},
+                                  {"B", "b1", 300, true, false},
+                                  {"B", "b2", 200, false, false},
+                                  {"B", "b3", 100, false, false}};
   EXPECT_EQ(accesses(t, e, 1), run2);
   EXPECT_EQ(e.runs[0].bound.app_ram, 2100 * M) << "the LoRA file is in RAM while its prompt runs";
   EXPECT_EQ(e.runs[1].bound.app_ram, 2000 * M);
@@ -159,13 +170,14 @@ TEST(SimExpand, LoraPatchesFollowTheirWeightsAndASwapReloads) {
 
 TEST(SimExpand, LowerBoundCountsColdWeightsAndTheWindow) {
   // ram 2500: P = 2500 - 2000 - 1000 headroom = 0 (saturated): every copied byte is read.
-  std::string text = small_trace(R"([{"name": "a", "steps": [{"model": "A"}]}, {"name": "b", "steps": [{"model": "B"}]}])",
-                                 R"([{"name": "ab", "prompts": ["a", "b"]}])");
+  std::string text =
+      small_trace(R"([{"name": "a", "steps": [{"model": "A"}]}, {"name": "b", "steps": [{"model": "B"}]}])",
+                  R"([{"name": "ab", "prompts": ["a", "b"]}])");
   text.replace(text.find("8000MiB"), 7, "3300MiB");  // P = 300
   const Trace t = parse_trace(text, "small");
   const Expansion e = expand(t, t.sequences[0], 4);
   EXPECT_EQ(e.runs[0].bound.pin_capacity, 300 * M);
-  EXPECT_EQ(e.runs[0].bound.lower_bound, 300 * M);  // cold
+  EXPECT_EQ(e.runs[0].bound.lower_bound, 300 * M);   // cold
   EXPECT_EQ(e.runs[1].bound.lower_bound, 1000 * M);  // cold
   // Run 3 (A again, after B unloaded it): 300 copied, warm, P = 300: bound 0.
   EXPECT_EQ(e.runs[2].bound.cold, 0u);
@@ -181,11 +193,11 @@ TEST(SimExpand, LowerBoundCountsColdWeightsAndTheWindow) {
 }
 
 TEST(SimGroup, BlocksSplitAtTheNextNumberWhenTooLarge) {
-  const std::vector<ParamTensor> ts = {{"conv_in.weight", 10},         {"conv_in.bias", 2},
-                                       {"blocks.0.attn.q.weight", 100}, {"blocks.0.attn.q.bias", 4},
-                                       {"blocks.0.ffn.0.weight", 200},  {"blocks.0.ffn.2.weight", 200},
-                                       {"blocks.1.attn.q.weight", 100}, {"head.head.weight", 8},
-                                       {"head.modulation", 3}};
+  const std::vector<model_params::Tensor> ts = {{"conv_in.weight", 10},          {"conv_in.bias", 2},
+                                                {"blocks.0.attn.q.weight", 100}, {"blocks.0.attn.q.bias", 4},
+                                                {"blocks.0.ffn.0.weight", 200},  {"blocks.0.ffn.2.weight", 200},
+                                                {"blocks.1.attn.q.weight", 100}, {"head.head.weight", 8},
+                                                {"head.modulation", 3}};
   std::vector<Layer> blocks = group_layers(ts, "block", 2, 0);
   std::vector<std::string> names;
   for (const Layer& l : blocks) names.push_back(l.name);
@@ -195,22 +207,64 @@ TEST(SimGroup, BlocksSplitAtTheNextNumberWhenTooLarge) {
   blocks = group_layers(ts, "block", 2, 600);
   names.clear();
   for (const Layer& l : blocks) names.push_back(l.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"conv_in", "blocks.0.attn.q", "blocks.0.ffn.0", "blocks.0.ffn.2", "blocks.1",
-                                             "head.head", "head"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"conv_in", "blocks.0.attn.q", "blocks.0.ffn.0", "blocks.0.ffn.2",
+                                             "blocks.1", "head.head", "head"}));
   EXPECT_EQ(group_layers(ts, "module", 2, 0).size(), 7u);
   EXPECT_EQ(group_layers(ts, "tensor", 2, 0).size(), ts.size());
 }
 
-TEST(SimUnits, SizesAndBandwidths) {
-  EXPECT_EQ(parse_bytes("4096"), 4096u);
-  EXPECT_EQ(parse_bytes("32GiB"), 32ull << 30);
-  EXPECT_EQ(parse_bytes("1.5 GiB"), 3ull << 29);
-  EXPECT_EQ(parse_bytes("2GB"), 2000000000u);
-  EXPECT_EQ(parse_bytes("512M"), 512ull << 20);
-  EXPECT_DOUBLE_EQ(parse_bandwidth("3GB/s"), 3e9);
-  EXPECT_DOUBLE_EQ(parse_bandwidth("1 GiB/s"), 1073741824.0);
-  EXPECT_THROW(parse_bytes("12XB"), std::invalid_argument);
-  EXPECT_THROW(parse_bandwidth("0GB/s"), std::invalid_argument);
+Machine machine_of(const std::string& fields) {
+  return parse_trace(R"({"name": "units", "machine": {)" + fields + R"(},
+    "models": [{"name": "A", "bytes": 4096, "layer_count": 1}],
+    "prompts": [{"name": "p", "steps": [{"model": "A"}]}]})",
+                     "units.json")
+      .machine;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Trace sizes follow Note [Size syntax] (csrc/base/size.h), as PINS_CONF does:
+// KB decimal, K and KiB binary, fractions allowed; a bandwidth is a size a second.
+TEST(SimUnits, TraceSizesAndBandwidthsFollowTheSizeSyntax) {
+  const char* fields = R"("ram": "8GB", "vram": "1.5 GiB", "disk_read_bw": "3GB/s", "ram_copy_bw": "1 GiB/s",
+                          "h2d_bw": 25e9, "headroom": "512M", "other_ram": "2KB", "vram_reserve": 4096)";
+  Machine m = machine_of(fields);
+  EXPECT_EQ(m.ram, 8000000000u);
+  EXPECT_EQ(m.vram, 3ull << 29);
+  EXPECT_DOUBLE_EQ(m.disk_read_bw, 3e9);
+  EXPECT_DOUBLE_EQ(m.ram_copy_bw, 1073741824.0);
+  EXPECT_DOUBLE_EQ(m.h2d_bw, 25e9);
+  EXPECT_EQ(m.headroom, 512ull << 20);
+  EXPECT_EQ(m.other_ram, 2000u);
+  EXPECT_EQ(m.vram_reserve, 4096u);
+  set_machine_field(m, "other_ram=1KiB");
+  set_machine_field(m, "swap = 1K");
+  set_machine_field(m, "h2d_bw=2.5 GB/s");
+  EXPECT_EQ(m.other_ram, 1024u);
+  EXPECT_EQ(m.swap, 1024u);
+  EXPECT_DOUBLE_EQ(m.h2d_bw, 2.5e9);
+
+  EXPECT_EQ(parse_bandwidth("500MB"), 5e8) << "the /s is optional";
+  for (const char* bad : {"0GB/s", "12XB/s", "3GB/h", "-1GB/s", "", "GB/s", "1e9"})
+    EXPECT_FALSE(parse_bandwidth(bad).has_value()) << bad;
+
+  // Errors name the file, the field and the value.
+  const std::string ram = error_of([&] { machine_of(std::string(fields).replace(7, 5, "\"12XB\"")); });
+  EXPECT_NE(ram.find("units.json: machine.ram: expected a size such as"), std::string::npos) << ram;
+  EXPECT_NE(ram.find("got \"12XB\""), std::string::npos) << ram;
+  const std::string bw = error_of([&] { set_machine_field(m, "disk_read_bw=0GB/s"); });
+  EXPECT_NE(bw.find("--machine disk_read_bw: expected a positive bandwidth"), std::string::npos) << bw;
+  EXPECT_NE(bw.find("got \"0GB/s\""), std::string::npos) << bw;
+  const std::string size = error_of([&] { set_machine_field(m, "ram=lots"); });
+  EXPECT_NE(size.find("--machine ram: expected a size such as"), std::string::npos) << size;
+  EXPECT_NE(size.find("got \"lots\""), std::string::npos) << size;
 }
 
 }  // namespace
