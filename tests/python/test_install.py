@@ -1,4 +1,4 @@
-"""An install from a fresh clone into another prefix and another venv (issue 8):
+"""An install from a fresh clone into another prefix and another venv:
 the wheel built by `pip install --no-build-isolation ./python_bindings` runs the
 README's Python examples in a venv of its own, `cmake --install` gives a package
 that the C++ app finds from another prefix with only torch's prefix added, and
