@@ -6,14 +6,27 @@
 namespace pins {
 namespace {
 
-uint64_t add_sat(uint64_t a, uint64_t b) { return a > std::numeric_limits<uint64_t>::max() - b ? std::numeric_limits<uint64_t>::max() : a + b; }
+// Note [Exact budget arithmetic]: every result is the exact value of its
+// formula whenever that value lies in [0, 2^64 - 1]; a value past 2^64 - 1
+// saturates to 2^64 - 1 and a negative one to 0. An intermediate sum never
+// saturates on its own (that would turn "bytes + reserve - available" near 2^64
+// into a wrong answer, not a saturated one).
+constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+uint64_t add_sat(uint64_t a, uint64_t b) { return a > kMax - b ? kMax : a + b; }
 uint64_t sub_sat(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+// a + b - c, exactly, saturated at both ends.
+uint64_t add_sub_sat(uint64_t a, uint64_t b, uint64_t c) {
+  if (a >= c) return add_sat(a - c, b);
+  return sub_sat(b, c - a);
+}
 
 }  // namespace
 
 uint64_t pin_shortfall(uint64_t bytes, uint64_t available, const Config& c) {
   const uint64_t reserve = std::max(c.headroom / 2, c.pin_reserve);
-  return sub_sat(add_sat(bytes, reserve), available);
+  return add_sub_sat(bytes, reserve, available);
 }
 
 uint64_t pin_free_goal(uint64_t shortfall, const Config& c) {
@@ -26,10 +39,12 @@ uint64_t relieve_free_goal(uint64_t shortfall, const Config& c) {
   return shortfall == 0 ? 0 : add_sat(shortfall, c.relieve_slack);
 }
 
-bool lock_fits(uint64_t locked, uint64_t bytes, uint64_t ceiling) { return add_sat(locked, bytes) <= ceiling; }
+bool lock_fits(uint64_t locked, uint64_t bytes, uint64_t ceiling) { return bytes <= ceiling && locked <= ceiling - bytes; }
 
 uint64_t lock_drop_goal(uint64_t ceiling, uint64_t bytes, const Config& c) {
-  return sub_sat(ceiling, add_sat(c.lock_hysteresis, bytes));
+  // ceiling - (hysteresis + bytes): a sum past 2^64 - 1 makes the exact value negative.
+  if (bytes > ceiling) return 0;
+  return sub_sat(ceiling - bytes, c.lock_hysteresis);
 }
 
 }  // namespace pins

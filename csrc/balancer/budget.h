@@ -1,7 +1,9 @@
 // The budget formulas of DESIGN.md "Budget" as pure functions of the
 // configuration and the memory numbers, so they can be checked by hand. R, A
 // and swap come from a MemoryInfo; the pin ceiling itself is pin_ceiling() in
-// csrc/system/sysmem.h. Sums saturate rather than wrap.
+// csrc/system/sysmem.h. Each result is exact whenever it lies in [0, 2^64 - 1]
+// and saturates otherwise, never wraps (Note [Exact budget arithmetic] in
+// budget.cpp).
 #pragma once
 
 #include <cstdint>

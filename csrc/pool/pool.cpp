@@ -35,6 +35,8 @@ struct HostPool::Block {
   Block* next = nullptr;
   BlockState state = BlockState::Free;
   std::vector<std::shared_ptr<Fence>> fences;
+  int copies = 0;            // begin_copy() without its end_copy() (Note [Copies from a block])
+  uint64_t fence_adds = 0;   // fences ever added; a reap() sees whether its copy of the list is current
 };
 
 namespace {
@@ -55,6 +57,10 @@ HostPool::HostPool(std::unique_ptr<HostBackend> backend, PoolOptions options)
   PINS_CHECK_VALUE((align_ & (align_ - 1)) == 0 && align_ <= page_,
                    "pool alignment must be a power of two no larger than the page size (", page_, "), got ",
                    align_);
+  PINS_CHECK_VALUE(options.segment_size <= kMaxAllocation, "pool segment_size must be at most 2^48 bytes, got ",
+                   options.segment_size);
+  PINS_CHECK_VALUE(options.extent_min <= kMaxAllocation, "pool extent_min must be at most 2^48 bytes, got ",
+                   options.extent_min);
   stats_.backend = backend_->name();
 }
 
@@ -140,7 +146,9 @@ void* HostPool::finish(Block* b, size_t requested) {
 
 void* HostPool::try_allocate(size_t size, bool lock) {
   PINS_CHECK_VALUE(size > 0, "pool allocation size must be positive, got ", size);
-  PINS_CHECK_VALUE(size <= (size_t{1} << 48), "pool allocation size is implausibly large: ", size);
+  // Past this bound round_align() and round_page() could wrap (SIZE_MAX - 511
+  // would round to 0); below it no sum of the pool's sizes comes near 2^64.
+  PINS_CHECK_VALUE(size <= kMaxAllocation, "pool allocation size must be at most 2^48 bytes, got ", size);
   const bool want_lock = lock && can_lock_;
   const size_t asize = round_align(size);
   const size_t need = round_page(asize);
@@ -167,7 +175,10 @@ void* HostPool::try_allocate(size_t size, bool lock) {
     // requests fill); larger ones get an exact extent, so the tail never strands.
     const size_t emin = round_page(opts_.extent_min);
     size_t esize = 2 * need <= emin ? emin : need;
-    if (cap_ != 0) esize = std::min(esize, cap_ - stats_.committed_bytes.current - committing_);
+    // Whole pages of what the cap leaves (a cap such as 1MB = 10^6 is no
+    // multiple of the page; the check above left at least `need`, itself whole
+    // pages): an extent is always page-aligned (Note [Host backend contract]).
+    if (cap_ != 0) esize = std::min(esize, (cap_ - stats_.committed_bytes.current - committing_) & ~(page_ - 1));
     uintptr_t addr = 0;
     Segment* seg = nullptr;
     if (!take_range(esize, &addr, &seg)) {
@@ -255,6 +266,13 @@ HostPool::Block* HostPool::find(void* ptr, const char* what) const {
   auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
   PINS_CHECK_VALUE(it != blocks_.end() && it->second->state == BlockState::Allocated, what, ": pointer ", ptr,
                    " is not a live allocation of this pool");
+  return it->second.get();
+}
+
+HostPool::Block* HostPool::find_copying(void* ptr, const char* what) const {
+  auto it = blocks_.find(reinterpret_cast<uintptr_t>(ptr));
+  PINS_CHECK_VALUE(it != blocks_.end() && it->second->state != BlockState::Free && it->second->copies > 0, what,
+                   ": pointer ", ptr, " is not a block of this pool with a copy begun (begin_copy)");
   return it->second.get();
 }
 
@@ -378,7 +396,7 @@ void HostPool::free(void* ptr) {
     stats_.allocated_bytes.decrease(static_cast<int64_t>(b->size));
     stats_.requested_bytes.decrease(static_cast<int64_t>(b->requested));
     stats_.blocks.decrease(1);
-    if (!b->fences.empty()) {
+    if (!b->fences.empty() || b->copies > 0) {
       b->state = BlockState::Parked;
       parked_.push_back(b);
       stats_.deferred_frees++;
@@ -391,25 +409,32 @@ void HostPool::free(void* ptr) {
 }
 
 void HostPool::reap() {
-  std::vector<std::pair<Block*, std::vector<std::shared_ptr<Fence>>>> snap;
+  struct Held {
+    Block* b;
+    std::vector<std::shared_ptr<Fence>> fences;
+    uint64_t fence_adds;
+  };
+  std::vector<Held> snap;
   {
     MutexLock g(mu_);
     if (parked_.empty()) return;
-    for (Block* b : parked_) snap.emplace_back(b, b->fences);
+    for (Block* b : parked_) snap.push_back({b, b->fences, b->fence_adds});
     parked_.clear();
     reaping_ += snap.size();
   }
   std::vector<bool> ready(snap.size());
   for (size_t i = 0; i < snap.size(); ++i)
-    ready[i] = std::all_of(snap[i].second.begin(), snap[i].second.end(),
+    ready[i] = std::all_of(snap[i].fences.begin(), snap[i].fences.end(),
                            [](const std::shared_ptr<Fence>& f) { return f->done(); });
   std::vector<Extent*> victims;
   {
     MutexLock g(mu_);
     reaping_ -= snap.size();
     for (size_t i = 0; i < snap.size(); ++i) {
-      if (ready[i]) release(snap[i].first);
-      else parked_.push_back(snap[i].first);
+      // An end_copy() meanwhile may have added a fence this reap did not query.
+      Block* b = snap[i].b;
+      if (ready[i] && b->copies == 0 && b->fence_adds == snap[i].fence_adds) release(b);
+      else parked_.push_back(b);
     }
     if (idle_bytes_ > opts_.retain_free) victims = pick_idle(idle_bytes_ - opts_.retain_free);
   }
@@ -419,28 +444,75 @@ void HostPool::reap() {
 
 void HostPool::record_fence(void* ptr, std::shared_ptr<Fence> fence) {
   PINS_CHECK_VALUE(fence != nullptr, "HostPool::record_fence: fence must not be null");
+  add_fence(ptr, std::move(fence), /*ends_copy=*/false, "HostPool::record_fence");
+}
+
+void HostPool::add_fence(void* ptr, std::shared_ptr<Fence> fence, bool ends_copy, const char* what) {
+  // Note [Fences protect blocks]: the fences stay on the block while queried.
   std::vector<std::shared_ptr<Fence>> old;
   {
     MutexLock g(mu_);
-    old.swap(find(ptr, "HostPool::record_fence")->fences);
+    old = (ends_copy ? find_copying(ptr, what) : find(ptr, what))->fences;
   }
   // Drop the fences that completed, so a block copied every step keeps a short list.
-  std::vector<std::shared_ptr<Fence>> keep;
-  for (auto& f : old)
-    if (!f->done()) keep.push_back(f);
-  keep.push_back(std::move(fence));
+  std::vector<const Fence*> done;
+  for (const auto& f : old)
+    if (f->done()) done.push_back(f.get());
+  std::vector<std::shared_ptr<Fence>> dropped;  // destroyed after the lock is released
   MutexLock g(mu_);
-  Block* b = find(ptr, "HostPool::record_fence");
-  b->fences.insert(b->fences.end(), keep.begin(), keep.end());
+  Block* b = ends_copy ? find_copying(ptr, what) : find(ptr, what);
+  auto& fs = b->fences;
+  for (auto it = fs.begin(); it != fs.end();) {
+    if (std::find(done.begin(), done.end(), it->get()) != done.end()) {
+      dropped.push_back(std::move(*it));
+      it = fs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  fs.push_back(std::move(fence));
+  b->fence_adds++;
+  if (ends_copy) {
+    b->copies--;
+    stats_.copies.decrease(1);
+  }
 }
 
 bool HostPool::in_flight(void* ptr) {
   std::vector<std::shared_ptr<Fence>> fences;
   {
     MutexLock g(mu_);
-    fences = find(ptr, "HostPool::in_flight")->fences;
+    Block* b = find(ptr, "HostPool::in_flight");
+    if (b->copies > 0) return true;
+    fences = b->fences;
   }
   return std::any_of(fences.begin(), fences.end(), [](const std::shared_ptr<Fence>& f) { return !f->done(); });
+}
+
+bool HostPool::begin_copy(void* ptr) {
+  MutexLock g(mu_);
+  Block* b = find(ptr, "HostPool::begin_copy");
+  if (b->ext->unlocking) {
+    stats_.copy_refusals++;
+    return false;
+  }
+  b->copies++;
+  stats_.copies.increase(1);
+  return true;
+}
+
+void HostPool::end_copy(void* ptr, std::shared_ptr<Fence> fence) {
+  if (fence != nullptr) {
+    add_fence(ptr, std::move(fence), /*ends_copy=*/true, "HostPool::end_copy");
+    return;
+  }
+  {
+    MutexLock g(mu_);
+    Block* b = find_copying(ptr, "HostPool::end_copy");
+    b->copies--;
+    stats_.copies.decrease(1);
+  }
+  // A block freed during its copy is parked; the next reap() returns it.
 }
 
 size_t HostPool::trim(size_t keep_idle) {
@@ -481,8 +553,14 @@ size_t HostPool::unlock(void* ptr) {
     MutexLock g(mu_);
     e = find(ptr, "HostPool::unlock")->ext;
     if (!e->locked || e->unlocking) return 0;
-    for (Block* b = blocks_.at(e->base).get(); b != nullptr; b = b->next)
+    // Note [Copies from a block]: any block of the extent, not only ptr's.
+    for (Block* b = blocks_.at(e->base).get(); b != nullptr; b = b->next) {
+      if (b->copies > 0) {
+        stats_.busy_unlocks++;
+        return 0;
+      }
       fences.insert(fences.end(), b->fences.begin(), b->fences.end());
+    }
     // From here new locked requests no longer use this extent.
     e->locked = false;
     e->unlocking = true;
@@ -501,6 +579,7 @@ size_t HostPool::unlock(void* ptr) {
   e->unlocking = false;
   if (busy || rc != 0) {
     if (rc != 0) stats_.lock_failures++;
+    if (busy) stats_.busy_unlocks++;
     e->locked = true;
     move_free_blocks(e, false, true);
     return 0;
@@ -549,7 +628,7 @@ PoolSnapshot HostPool::snapshot() const {
                            e->idle_since});
   for (const auto& [addr, b] : blocks_)
     out.blocks.push_back({b->addr, b->size, b->requested, b->ext->base, b->prev ? b->prev->addr : 0,
-                          b->next ? b->next->addr : 0, b->state});
+                          b->next ? b->next->addr : 0, b->state, b->copies, b->fences.size()});
   std::sort(out.blocks.begin(), out.blocks.end(),
             [](const PoolSnapshot::Block& a, const PoolSnapshot::Block& b) { return a.addr < b.addr; });
   for (int k = 0; k < 2; ++k) out.free[k].assign(free_[k].begin(), free_[k].end());

@@ -19,7 +19,32 @@
 // Note [Fences protect blocks]
 // A fence recorded on a block (a copy in flight from it) keeps the block out of
 // reuse: a block freed while a fence is pending is parked and only returns to the
-// free lists once every fence reports done(), checked outside the lock.
+// free lists once every fence reports done(), checked outside the lock. A fence
+// stays on its block while it is queried: record_fence() and end_copy() copy the
+// list, query it unlocked and then remove only the fences that reported done, so
+// an unlock() in between still sees every fence.
+//
+// Note [Copies from a block]
+// A fence can only be recorded after its copy was issued, so fences alone
+// leave a window: between issuing a non_blocking copy from a block and
+// recording its fence, nothing in the pool says the block is being read. An
+// unlock() of another block of the same extent in that window dropped the
+// whole extent's page-lock under the copy (the DMA then reads pages the driver
+// no longer holds). begin_copy() closes it: the caller calls it before issuing a
+// copy from a block and end_copy() (with the copy's fence, or none for a copy
+// that completed) after. While a block has a copy begun and not ended:
+//  - unlock() of any block of its extent refuses (returns 0), as it does for a
+//    fence not yet done on any block of the extent;
+//  - free() parks the block, and it returns to the free lists only once its
+//    copies ended and its fences are done;
+//  - in_flight() is true.
+// While an unlock() is between its lock holds (its fence queries and the
+// backend call run unlocked), begin_copy() on a block of that extent refuses
+// (returns false, counted in copy_refusals): the caller copies from elsewhere
+// (the pin's source) instead, and no copy can start on pages whose lock is
+// being dropped. An idle extent has no allocated block, hence no copy: decommit
+// needs no such check. A copy from an unlocked extent is safe for the pool's
+// purposes: the driver stages pageable memory before the call returns.
 //
 // Locking: one mutex, mu_, level 3 of Note [Lock order]
 // (csrc/base/thread_safety.h): the last lock taken, and no other lock is taken
@@ -53,14 +78,21 @@ class HostPool {
   // the pool is destroyed (its destructor returns all memory to the backend);
   // process-wide, the Runtime (csrc/runtime/runtime.h) never destroys it.
   // Throws pins::ValueError for an alignment that is not a power of two no
-  // larger than the backend's page.
+  // larger than the backend's page, and for a segment_size or extent_min past
+  // kMaxAllocation.
   HostPool(std::unique_ptr<HostBackend> backend, PoolOptions options);
+
+  // The largest block, segment or extent the pool works with: 2^48 bytes (the
+  // user address space of x86-64). Every sum the pool forms stays below 2^64.
+  static constexpr size_t kMaxAllocation = size_t{1} << 48;
   ~HostPool();
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
 
   // A block of at least `size` bytes, page-locked when `lock` and the backend can
-  // lock; nullptr when the cap or the OS refuses (nothing changed then).
+  // lock; nullptr when the cap or the OS refuses (nothing changed then). A size
+  // of 0 or past kMaxAllocation is a pins::ValueError (nothing changed either):
+  // no size arithmetic of the pool can wrap below that bound.
   void* try_allocate(size_t size, bool lock = true) PINS_EXCLUDES(mu_);
   // As try_allocate, but a refusal throws pins::ResourceError stating the
   // request, the cap and the current use.
@@ -70,7 +102,17 @@ class HostPool {
 
   // Note [Fences protect blocks]
   void record_fence(void* ptr, std::shared_ptr<Fence> fence) PINS_EXCLUDES(mu_);
+  // A copy begun and not ended, or a fence not done (Note [Copies from a block]).
   bool in_flight(void* ptr) PINS_EXCLUDES(mu_);
+
+  // Note [Copies from a block]. begin_copy: true when a copy from the allocated
+  // block `ptr` may be issued now (end_copy must follow); false, with nothing
+  // changed, while the page-lock of its extent is being dropped. end_copy:
+  // records `fence` (null: the copy is complete) and ends one begun copy; `ptr`
+  // may have been freed meanwhile (it is parked until then). Both throw
+  // pins::ValueError for a pointer that is not such a block.
+  bool begin_copy(void* ptr) PINS_EXCLUDES(mu_);
+  void end_copy(void* ptr, std::shared_ptr<Fence> fence = nullptr) PINS_EXCLUDES(mu_);
 
   // Decommits idle extents until at most `keep_idle` idle bytes remain (and
   // reaps parked blocks first). Returns the bytes decommitted.
@@ -90,6 +132,12 @@ class HostPool {
   void reset_accumulated() PINS_EXCLUDES(mu_);
   void reset_peak() PINS_EXCLUDES(mu_);
   const HostBackend& backend() const { return *backend_; }
+
+  // Note [Fork safety] (csrc/runtime/runtime.h): the runtime's pthread_atfork
+  // handlers hold mu_ across fork(), so a child never starts with it held by a
+  // thread that does not exist there. Nothing else may call these.
+  void lock_for_fork() PINS_ACQUIRE(mu_) { mu_.lock(); }
+  void unlock_after_fork() PINS_RELEASE(mu_) { mu_.unlock(); }
 
   // A copy of the bookkeeping, taken under one lock hold.
   PoolSnapshot snapshot() const PINS_EXCLUDES(mu_);
@@ -116,7 +164,12 @@ class HostPool {
   bool take_range(size_t size, uintptr_t* addr, Segment** seg) PINS_REQUIRES(mu_);
   void move_free_blocks(Extent* e, bool from_locked, bool to_locked) PINS_REQUIRES(mu_);
   void reap() PINS_EXCLUDES(mu_);
+  // Appends `fence` to the block, dropping those of its fences that are done
+  // (queried unlocked); with `ends_copy`, also ends one begun copy.
+  void add_fence(void* ptr, std::shared_ptr<Fence> fence, bool ends_copy, const char* what) PINS_EXCLUDES(mu_);
   Block* find(void* ptr, const char* what) const PINS_REQUIRES(mu_);
+  // An allocated or parked block with a copy begun (end_copy's argument).
+  Block* find_copying(void* ptr, const char* what) const PINS_REQUIRES(mu_);
   size_t round_align(size_t n) const { return (n + align_ - 1) & ~(align_ - 1); }
   size_t round_page(size_t n) const { return (n + page_ - 1) & ~(page_ - 1); }
 

@@ -110,6 +110,7 @@ void check_blocks(const PoolSnapshot& s) {
   int64_t allocated = 0;
   int64_t requested = 0;
   int64_t live = 0;
+  int64_t copies = 0;
   for (const auto& e : s.extents) {
     auto it = blocks.find(e.base);
     if (e.decommitting) {
@@ -132,6 +133,13 @@ void check_blocks(const PoolSnapshot& s) {
         violated("block ", hex(b.addr), " of ", b.size, " bytes is not a positive multiple of the alignment ",
                  s.alignment);
       const bool is_free = b.state == BlockState::Free;
+      if (b.copies < 0) violated("block ", hex(b.addr), " has ", b.copies, " copies begun");
+      if (is_free && (b.copies != 0 || b.fences != 0))
+        violated("free block ", hex(b.addr), " has ", b.copies, " copies begun and ", b.fences, " fences");
+      if (e.unlocking && b.copies != 0)
+        violated("block ", hex(b.addr), " has ", b.copies, " copies begun in extent ", hex(e.base),
+                 ", whose page-lock is being dropped");
+      copies += b.copies;
       if (is_free && prev_free)
         violated("free blocks ", hex(prev), " and ", hex(b.addr), " are neighbours but did not coalesce");
       switch (b.state) {
@@ -207,6 +215,8 @@ void check_blocks(const PoolSnapshot& s) {
     violated("requested_bytes is ", s.stats.requested_bytes.current, " but the allocated blocks asked for ", requested);
   if (live != s.stats.blocks.current)
     violated("blocks is ", s.stats.blocks.current, " but ", live, " blocks are allocated");
+  if (copies != s.stats.copies.current)
+    violated("copies is ", s.stats.copies.current, " but the blocks have ", copies, " copies begun");
   for (uintptr_t p : s.parked) {
     auto it = blocks.find(p);
     if (it == blocks.end() || it->second->state != BlockState::Parked)

@@ -24,7 +24,11 @@
 //    decommitted), each as one free block, and idle_bytes is their sum;
 //  - allocated_bytes, requested_bytes and blocks are the sums over allocated
 //    blocks; parked blocks are those in the parked list plus those a reap()
-//    holds between its two lock holds.
+//    holds between its two lock holds;
+//  - Note [Copies from a block]: a free block has no copy begun and no fence;
+//    the copies level is the sum of the blocks' begun copies; no block of an
+//    extent being unlocked has a copy begun (unlock() refuses one, and
+//    begin_copy() refuses while it runs).
 #pragma once
 
 #include <cstddef>
@@ -67,6 +71,8 @@ struct PoolSnapshot {
     uintptr_t prev = 0;    // address neighbours in the extent; 0: none
     uintptr_t next = 0;
     BlockState state = BlockState::Free;
+    int copies = 0;     // begin_copy() without its end_copy()
+    size_t fences = 0;  // fences recorded and not yet dropped
   };
 
   size_t page = 0;

@@ -33,6 +33,7 @@ struct PoolStats {
   Stat allocated_bytes;   // bytes in live blocks, aligned sizes
   Stat requested_bytes;   // bytes callers asked for, in live blocks
   Stat blocks;            // live blocks
+  Stat copies;            // copies begun and not ended (Note [Copies from a block])
 
   int64_t allocations = 0;     // COUNT successful allocations
   int64_t frees = 0;           // COUNT frees
@@ -44,6 +45,8 @@ struct PoolStats {
   int64_t registrations = 0;   // COUNT extents page-locked
   int64_t unregistrations = 0; // COUNT extents unlocked
   int64_t lock_failures = 0;   // COUNT page-lock calls the OS or driver refused
+  int64_t busy_unlocks = 0;    // COUNT unlock() refused: a copy begun or a fence not done in the extent
+  int64_t copy_refusals = 0;   // COUNT begin_copy() refused: the extent's page-lock was being dropped
   int64_t commit_ns = 0;       // SUM time spent committing
   int64_t lock_ns = 0;         // SUM time spent page-locking
   int64_t unlock_ns = 0;       // SUM time spent unlocking
@@ -51,14 +54,16 @@ struct PoolStats {
   const char* backend = "";    // which backend serves the pool
 
   void reset_accumulated() {
-    for (Stat* s : {&reserved_bytes, &committed_bytes, &locked_bytes, &allocated_bytes, &requested_bytes, &blocks})
+    for (Stat* s : {&reserved_bytes, &committed_bytes, &locked_bytes, &allocated_bytes, &requested_bytes, &blocks,
+                    &copies})
       s->reset_accumulated();
     allocations = frees = refusals = deferred_frees = segments = commits = decommits = 0;
-    registrations = unregistrations = lock_failures = 0;
+    registrations = unregistrations = lock_failures = busy_unlocks = copy_refusals = 0;
     commit_ns = lock_ns = unlock_ns = 0;
   }
   void reset_peak() {
-    for (Stat* s : {&reserved_bytes, &committed_bytes, &locked_bytes, &allocated_bytes, &requested_bytes, &blocks})
+    for (Stat* s : {&reserved_bytes, &committed_bytes, &locked_bytes, &allocated_bytes, &requested_bytes, &blocks,
+                    &copies})
       s->reset_peak();
   }
 };

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <string>
+#include <utility>
 
 #include "csrc/base/check.h"
 #include "csrc/base/size.h"
@@ -30,6 +32,28 @@ uint64_t size_value(std::string_view v, std::string_view key) {
   return *n;
 }
 
+// A size as the README's bounds column writes it: "64KiB", "256TiB", "4096".
+std::string size_text(uint64_t n) {
+  for (const auto& [unit, name] : {std::pair{TiB, "TiB"}, {GiB, "GiB"}, {MiB, "MiB"}, {KiB, "KiB"}})
+    if (n >= unit && n % unit == 0) return detail::cat(n / unit, name);
+  return detail::cat(n);
+}
+
+// Note [Configuration bounds]: `n` (written `v` in the text) within [lo, hi].
+void check_bounds(uint64_t n, uint64_t lo, uint64_t hi, std::string_view key, std::string_view v) {
+  PINS_CHECK_VALUE(n >= lo && n <= hi, "PINS_CONF key '", key, "' must be ",
+                   lo == 0 ? detail::cat("at most ", size_text(hi))
+                           : detail::cat("from ", size_text(lo), " to ", size_text(hi)),
+                   ", got '", v, "'");
+}
+
+// The shortest text that reads back as `d` exactly.
+std::string fraction_text(double d) {
+  char buf[64];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, d);
+  return std::string(buf, ec == std::errc() ? end : buf);
+}
+
 bool parse_bool(std::string_view v, std::string_view key) {
   const std::string s = lower(v);
   if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
@@ -37,13 +61,22 @@ bool parse_bool(std::string_view v, std::string_view key) {
   throw ValueError(detail::cat("PINS_CONF key '", key, "' expects a boolean (true/false), got '", v, "'"));
 }
 
+// Locale-independent (strtod reads "0,5" under a German LC_NUMERIC).
 double parse_fraction(std::string_view v, std::string_view key) {
-  const std::string s(v);
-  char* end = nullptr;
-  const double d = std::strtod(s.c_str(), &end);
-  PINS_CHECK_VALUE(!s.empty() && end == s.c_str() + s.size() && d >= 0.0 && d <= 1.0,
-                   "PINS_CONF key '", key, "' expects a fraction in [0, 1], got '", v, "'");
+  double d = -1;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+  PINS_CHECK_VALUE(!v.empty() && ec == std::errc() && end == v.data() + v.size() && d >= 0.0 && d <= 1.0,
+                   "PINS_CONF key '", key, "' expects a fraction from 0 to 1, got '", v, "'");
   return d;
+}
+
+// A whole number of milliseconds: digits only.
+uint64_t parse_count(std::string_view v, std::string_view key) {
+  uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  PINS_CHECK_VALUE(!v.empty() && ec == std::errc() && end == v.data() + v.size(), "PINS_CONF key '", key,
+                   "' expects a whole number of milliseconds, got '", v, "'");
+  return n;
 }
 
 template <typename E>
@@ -57,63 +90,96 @@ E parse_enum(std::string_view v, std::string_view key, std::initializer_list<std
   throw ValueError(detail::cat("PINS_CONF key '", key, "' expects one of ", choices, ", got '", v, "'"));
 }
 
+// A byte-size key and its bounds (Note [Configuration bounds]).
+struct SizeKey {
+  const char* name;
+  uint64_t Config::*field;
+  uint64_t lo;
+  uint64_t hi;
+};
+
+constexpr SizeKey kSizeKeys[] = {
+    {"segment_size", &Config::segment_size, kMinSegmentSize, kMaxSegmentSize},
+    {"extent_min", &Config::extent_min, kMinExtentMin, kMaxExtentMin},
+    {"cap", &Config::cap, 0, kMaxConfigBytes},
+    {"retain_free", &Config::retain_free, 0, kMaxConfigBytes},
+    {"headroom", &Config::headroom, 0, kMaxConfigBytes},
+    {"pin_reserve", &Config::pin_reserve, 0, kMaxConfigBytes},
+    {"pin_slack", &Config::pin_slack, 0, kMaxConfigBytes},
+    {"relieve_slack", &Config::relieve_slack, 0, kMaxConfigBytes},
+    {"ceiling_reserve", &Config::ceiling_reserve, 0, kMaxConfigBytes},
+    {"ceiling_swap_reserve", &Config::ceiling_swap_reserve, 0, kMaxConfigBytes},
+    {"lock_hysteresis", &Config::lock_hysteresis, 0, kMaxConfigBytes},
+};
+
 using Setter = std::function<void(Config&, std::string_view value, std::string_view key)>;
 
 const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> m = [] {
     std::map<std::string, Setter> s;
-    auto size = [](uint64_t Config::*f) {
-      return Setter([f](Config& c, std::string_view v, std::string_view k) { c.*f = size_value(v, k); });
-    };
     auto boolean = [](bool Config::*f) {
       return Setter([f](Config& c, std::string_view v, std::string_view k) { c.*f = parse_bool(v, k); });
     };
     auto fraction = [](double Config::*f) {
       return Setter([f](Config& c, std::string_view v, std::string_view k) { c.*f = parse_fraction(v, k); });
     };
+    for (const SizeKey& sk : kSizeKeys) {
+      s[sk.name] = [sk](Config& c, std::string_view v, std::string_view k) {
+        const uint64_t n = size_value(v, k);
+        check_bounds(n, sk.lo, sk.hi, k, v);
+        c.*sk.field = n;
+      };
+    }
     s["backend"] = [](Config& c, std::string_view v, std::string_view k) {
       c.backend = parse_enum<BackendKind>(v, k, {{"auto", BackendKind::Auto}, {"cuda", BackendKind::Cuda},
                                                  {"cpu", BackendKind::Cpu}, {"null", BackendKind::Null}});
     };
-    s["segment_size"] = [](Config& c, std::string_view v, std::string_view k) {
-      const uint64_t n = size_value(v, k);
-      PINS_CHECK_VALUE(n >= 64 * KiB, "PINS_CONF key 'segment_size' must be at least 64KiB, got '", v, "'");
-      c.segment_size = n;
-    };
-    s["extent_min"] = size(&Config::extent_min);
     s["alignment"] = [](Config& c, std::string_view v, std::string_view k) {
       const uint64_t n = size_value(v, k);
-      PINS_CHECK_VALUE(n >= 1 && n <= 4096 && (n & (n - 1)) == 0,
+      PINS_CHECK_VALUE(n >= 1 && n <= kMaxAlignment && (n & (n - 1)) == 0,
                        "PINS_CONF key 'alignment' must be a power of two from 1 to 4096, got '", v, "'");
       c.alignment = n;
     };
-    s["cap"] = size(&Config::cap);
-    s["retain_free"] = size(&Config::retain_free);
     s["mlock"] = boolean(&Config::mlock);
     s["policy"] = [](Config& c, std::string_view v, std::string_view k) {
       c.policy = parse_enum<PolicyKind>(v, k, {{"mru", PolicyKind::Mru}, {"lru", PolicyKind::Lru},
                                                {"trace", PolicyKind::Trace}});
     };
     s["fast_disk"] = boolean(&Config::fast_disk);
-    s["headroom"] = size(&Config::headroom);
-    s["pin_reserve"] = size(&Config::pin_reserve);
-    s["pin_slack"] = size(&Config::pin_slack);
-    s["relieve_slack"] = size(&Config::relieve_slack);
     s["ceiling_min"] = fraction(&Config::ceiling_min);
     s["ceiling_max"] = fraction(&Config::ceiling_max);
-    s["ceiling_reserve"] = size(&Config::ceiling_reserve);
-    s["ceiling_swap_reserve"] = size(&Config::ceiling_swap_reserve);
-    s["lock_hysteresis"] = size(&Config::lock_hysteresis);
     s["monitor"] = boolean(&Config::monitor);
     s["monitor_interval_ms"] = [](Config& c, std::string_view v, std::string_view k) {
-      const uint64_t n = size_value(v, k);
-      PINS_CHECK_VALUE(n >= 1 && n <= 60000, "PINS_CONF key 'monitor_interval_ms' must be 1..60000, got '", v, "'");
+      const uint64_t n = parse_count(v, k);
+      PINS_CHECK_VALUE(n >= 1 && n <= kMaxMonitorIntervalMs,
+                       "PINS_CONF key 'monitor_interval_ms' must be from 1 to 60000, got '", v, "'");
       c.monitor_interval_ms = n;
     };
-    s["system_root"] = [](Config& c, std::string_view v, std::string_view) { c.system_root = std::string(v); };
+    s["system_root"] = [](Config& c, std::string_view v, std::string_view) {
+      PINS_CHECK_VALUE(!v.empty(), "PINS_CONF key 'system_root' must name a directory, got ''");
+      c.system_root = std::string(v);
+    };
     return s;
   }();
   return m;
+}
+
+// The whole configuration against Note [Configuration bounds]: the keys that
+// bound each other, and a `base` that did not come from text.
+void check_config(const Config& c) {
+  for (const SizeKey& sk : kSizeKeys) check_bounds(c.*sk.field, sk.lo, sk.hi, sk.name, std::to_string(c.*sk.field));
+  PINS_CHECK_VALUE(c.alignment >= 1 && c.alignment <= kMaxAlignment && (c.alignment & (c.alignment - 1)) == 0,
+                   "PINS_CONF key 'alignment' must be a power of two from 1 to 4096, got '", c.alignment, "'");
+  PINS_CHECK_VALUE(c.monitor_interval_ms >= 1 && c.monitor_interval_ms <= kMaxMonitorIntervalMs,
+                   "PINS_CONF key 'monitor_interval_ms' must be from 1 to 60000, got '", c.monitor_interval_ms, "'");
+  for (const auto& [key, f] : {std::pair{"ceiling_min", c.ceiling_min}, {"ceiling_max", c.ceiling_max}})
+    PINS_CHECK_VALUE(f >= 0.0 && f <= 1.0, "PINS_CONF key '", key, "' expects a fraction from 0 to 1, got '",
+                     fraction_text(f), "'");
+  PINS_CHECK_VALUE(!c.system_root.empty(), "PINS_CONF key 'system_root' must name a directory, got ''");
+  PINS_CHECK_VALUE(c.ceiling_min <= c.ceiling_max, "PINS_CONF key 'ceiling_min' (", fraction_text(c.ceiling_min),
+                   ") must not exceed key 'ceiling_max' (", fraction_text(c.ceiling_max), ")");
+  PINS_CHECK_VALUE(c.extent_min <= c.segment_size, "PINS_CONF key 'extent_min' (", size_text(c.extent_min),
+                   ") must not exceed key 'segment_size' (", size_text(c.segment_size), ")");
 }
 
 }  // namespace
@@ -148,9 +214,26 @@ Config parse_config(std::string_view text, Config base) {
     }
     it->second(c, value, key);
   }
-  PINS_CHECK_VALUE(c.ceiling_min <= c.ceiling_max, "PINS_CONF ceiling_min (", c.ceiling_min,
-                   ") must not exceed ceiling_max (", c.ceiling_max, ")");
+  check_config(c);
   return c;
+}
+
+std::string format_config(const Config& c) {
+  std::map<std::string, std::string> v;
+  for (const SizeKey& sk : kSizeKeys) v[sk.name] = std::to_string(c.*sk.field);
+  v["backend"] = to_string(c.backend);
+  v["alignment"] = std::to_string(c.alignment);
+  v["mlock"] = c.mlock ? "true" : "false";
+  v["policy"] = to_string(c.policy);
+  v["fast_disk"] = c.fast_disk ? "true" : "false";
+  v["ceiling_min"] = fraction_text(c.ceiling_min);
+  v["ceiling_max"] = fraction_text(c.ceiling_max);
+  v["monitor"] = c.monitor ? "true" : "false";
+  v["monitor_interval_ms"] = std::to_string(c.monitor_interval_ms);
+  v["system_root"] = c.system_root;
+  std::string out;
+  for (const std::string& k : config_keys()) out += detail::cat(out.empty() ? "" : ",", k, ":", v.at(k));
+  return out;
 }
 
 PoolOptions pool_options(const Config& c) {

@@ -1,6 +1,17 @@
 // Configuration of every pins component, parsed from one string with the syntax
 // of PINS_CONF: `key:value,key:value`. The set of keys is closed; an unknown key
 // or a bad value is a pins::ValueError that names it.
+//
+// Note [Configuration bounds]
+// Every value has bounds, checked by parse_config (the README's Configuration
+// table lists them); a value outside them is a pins::ValueError naming the key
+// and the value. Byte amounts are at most kMaxConfigBytes (2^48, 256 TiB: the
+// user address space of x86-64, and the largest block the pool hands out), so
+// any sum of a few of them, and of a pin's size, stays far below 2^64 and the
+// budget arithmetic (csrc/balancer/budget.h) never saturates on a setting.
+// extent_min is at most kMaxExtentMin (64 MiB) and at most segment_size: an
+// extent is committed for a pin of any size, outside the balancer's budget of
+// that pin, so its size is bounded by what a small pin may cost.
 #pragma once
 
 #include <cstdint>
@@ -42,10 +53,29 @@ struct Config {
   bool monitor = false;                // background thread that relieves RAM pressure
   uint64_t monitor_interval_ms = 200;  // poll period when PSI is unavailable
   std::string system_root = "/";       // where /proc and /sys are read (tests use fixtures)
+
+  friend bool operator==(const Config&, const Config&) = default;
 };
 
-// Parses `text` on top of `base`. Empty text returns `base`.
+// Note [Configuration bounds].
+constexpr uint64_t kMaxConfigBytes = uint64_t{1} << 48;
+constexpr uint64_t kMinSegmentSize = 64 * KiB;
+constexpr uint64_t kMaxSegmentSize = 1 * TiB;
+constexpr uint64_t kMinExtentMin = 4 * KiB;
+constexpr uint64_t kMaxExtentMin = 64 * MiB;
+constexpr uint64_t kMaxAlignment = 4096;
+constexpr uint64_t kMaxMonitorIntervalMs = 60000;
+
+// Parses `text` on top of `base`, then checks the whole result against Note
+// [Configuration bounds] (so a bad `base` is refused too). Empty text returns
+// `base` once it passes.
 Config parse_config(std::string_view text, Config base = {});
+
+// `c` in PINS_CONF syntax, every key in config_keys() order, sizes in bytes and
+// fractions in the shortest text that reads back exactly:
+// parse_config(format_config(c)) == c for every configuration parse_config
+// returns.
+std::string format_config(const Config& c);
 
 // Parses the PINS_CONF environment variable (defaults when unset).
 Config config_from_env();

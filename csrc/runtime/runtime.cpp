@@ -1,20 +1,43 @@
 #include "csrc/runtime/runtime.h"
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <utility>
+#include <vector>
 
 #include "csrc/base/check.h"
 
 namespace pins {
+namespace {
+
+// Serializes Runtime::get()'s first build only. Constant-initialized, so a
+// fork handler may take it whenever it runs.
+Mutex g_build_mu;
+
+// Every live Runtime, for the fork handlers (Note [Fork safety]). Never
+// destroyed: a Runtime may outlive static destruction.
+struct LiveRuntimes {
+  Mutex mu;
+  std::vector<Runtime*> list PINS_GUARDED_BY(mu);
+};
+
+LiveRuntimes& live_runtimes() {
+  static LiveRuntimes* l = new LiveRuntimes;
+  return *l;
+}
+
+}  // namespace
 
 Runtime& Runtime::get() {
   // Never destroyed (see runtime.h). The fast path is one atomic load: the
   // allocator's deleter comes here for every freed tensor.
   static std::atomic<Runtime*> instance{nullptr};
   if (Runtime* rt = instance.load(std::memory_order_acquire)) return *rt;
-  static Mutex mu;  // serializes the first build only
-  MutexLock g(mu);
+  MutexLock g(g_build_mu);
   Runtime* rt = instance.load(std::memory_order_relaxed);
   if (rt == nullptr) {
     rt = new Runtime(config_from_env());  // a bad PINS_CONF throws: nothing stored, the next call tries again
@@ -25,19 +48,57 @@ Runtime& Runtime::get() {
 
 Runtime::Runtime(const Config& c)
     : config_(c),
+      headroom_(c.headroom),
       pool_(make_backend(c.backend, c.mlock), pool_options(c)),
       probe_(std::make_unique<SystemMemoryProbe>(c.system_root)),
       balancer_(std::make_unique<Balancer>(c, pool_, *probe_)),
-      monitor_(c.monitor ? start_monitor(c.monitor_interval_ms, c.system_root) : nullptr) {}
+      monitor_(c.monitor ? start_monitor(c.monitor_interval_ms, c.system_root) : nullptr) {
+  // Note [Fork safety]: handlers registered once, before the first Runtime is
+  // listed; they find every Runtime through the list.
+  static const int registered = ::pthread_atfork(&Runtime::prepare_fork, &Runtime::after_fork, &Runtime::after_fork);
+  if (registered != 0) throw ResourceError(detail::cat("Runtime: pthread_atfork failed: ", std::strerror(registered)));
+  LiveRuntimes& l = live_runtimes();
+  MutexLock g(l.mu);
+  l.list.push_back(this);
+}
 
-// Members go in reverse order: the monitor is stopped (its thread joined, no
-// lock held) before the balancer it calls is destroyed.
-Runtime::~Runtime() = default;
+// Unlisted first, so no fork handler takes a lock of a Runtime being
+// destroyed. Then the members go in reverse order: the monitor is stopped (its
+// thread joined, no lock held) before the balancer it calls is destroyed.
+Runtime::~Runtime() {
+  LiveRuntimes& l = live_runtimes();
+  MutexLock g(l.mu);
+  l.list.erase(std::find(l.list.begin(), l.list.end(), this));
+}
+
+// The order of Note [Lock order], for each Runtime in turn: no other thread
+// holds one Runtime's lock while waiting for another Runtime's, and nothing
+// holding a pool's lock waits for any other lock.
+void Runtime::prepare_fork() PINS_NO_THREAD_SAFETY_ANALYSIS {
+  g_build_mu.lock();
+  LiveRuntimes& l = live_runtimes();
+  l.mu.lock();
+  for (Runtime* rt : l.list) {
+    rt->mu_.lock();
+    rt->pool_.lock_for_fork();
+  }
+}
+
+void Runtime::after_fork() PINS_NO_THREAD_SAFETY_ANALYSIS {
+  LiveRuntimes& l = live_runtimes();
+  for (auto it = l.list.rbegin(); it != l.list.rend(); ++it) {
+    (*it)->pool_.unlock_after_fork();
+    (*it)->mu_.unlock();
+  }
+  l.mu.unlock();
+  g_build_mu.unlock();
+}
 
 std::unique_ptr<PressureMonitor> Runtime::start_monitor(uint64_t interval_ms, const std::string& root) {
-  // The probe and the balancer outlive the monitor (see the member order).
+  // The probe and the balancer outlive the monitor (see the member order);
+  // headroom_ is read without any lock (Note [Fork safety]).
   return std::make_unique<PressureMonitor>(
-      *probe_, [this] { return balancer_->config().headroom; }, [this] { balancer_->relieve(); },
+      *probe_, [this] { return headroom_.load(std::memory_order_relaxed); }, [this] { balancer_->relieve(); },
       std::chrono::milliseconds(interval_ms), root);
 }
 
@@ -62,9 +123,13 @@ void Runtime::configure(std::string_view conf) {
     fixed(next.retain_free == config_.retain_free, "retain_free");
     fixed(next.mlock == config_.mlock, "mlock");
     fixed(next.system_root == config_.system_root, "system_root");
+    // A monitor inherited through fork() is replaced whatever the text says
+    // (Note [Fork safety]): the child starts its own when next.monitor asks.
+    const bool inherited = monitor_ != nullptr && monitor_->inherited();
     const bool monitor_changed =
-        next.monitor != config_.monitor || next.monitor_interval_ms != config_.monitor_interval_ms;
+        inherited || next.monitor != config_.monitor || next.monitor_interval_ms != config_.monitor_interval_ms;
     config_ = next;
+    headroom_.store(next.headroom, std::memory_order_relaxed);
     pool_.set_cap(next.cap);
     balancer_->configure(next);
     if (monitor_changed) {
@@ -93,7 +158,20 @@ Config Runtime::config() const {
 
 bool Runtime::monitor_running() const {
   MutexLock g(mu_);
-  return monitor_ != nullptr;
+  return monitor_ != nullptr && !monitor_->inherited();
+}
+
+Runtime::MonitorStatus Runtime::monitor_status() const {
+  MutexLock g(mu_);
+  MonitorStatus s;
+  if (monitor_ == nullptr || monitor_->inherited()) return s;
+  s.running = true;
+  s.uses_psi = monitor_->uses_psi();
+  s.wakeups = monitor_->wakeups();
+  s.triggers = monitor_->triggers();
+  s.errors = monitor_->errors();
+  s.foreign_wakeups = monitor_->foreign_wakeups();
+  return s;
 }
 
 }  // namespace pins

@@ -2,8 +2,34 @@
 // (PINS_CONF, parsed once), the host pool, the system memory probe, the
 // balancer and, when configured, the RAM-pressure monitor. The torch ops and the
 // c10 allocator adapter (ops/) reach all of them through Runtime::get().
+//
+// Note [Fork safety]
+// Applications fork (DataLoader workers, multiprocessing). A fork() child has
+// one thread, the one that forked, and a copy of everything else:
+//  - Locks. pthread_atfork handlers, registered with the first Runtime, hold
+//    across fork() the lock of Runtime::get()'s first build and, for every
+//    live Runtime in Note [Lock order], its mu_ and its pool's mu_; both
+//    processes release them after. So no lock of these is copied held by a
+//    thread that does not exist in the child, and the bookkeeping they guard is
+//    copied between two critical sections. Work that runs between two lock
+//    holds (a backend call, a fence query) is not waited for: in the child,
+//    the bytes a commit or a reap held in between stay out of use (leaked
+//    address space, never a broken invariant). The balancer's mu_ is not
+//    held across fork() yet (it has no such hook): a fork while another thread
+//    holds it leaves it held in the child.
+//  - The monitor (Note [Monitor across fork], csrc/system/monitor.h). The
+//    child's copy has no thread: monitor_running() says false, and the next
+//    configure() in the child replaces it, starting the child's own monitor
+//    when the configuration asks for one; the parent's monitor is untouched.
+//    Its headroom is read from an atomic of the runtime, not under the
+//    balancer's lock, so the monitor thread never holds that lock but to
+//    relieve pressure.
+//  - The pool's memory is copied on write; its page-locks are the parent's
+//    (mlock is not inherited; a CUDA registration belongs to the parent's CUDA
+//    context, which a child must not use, as CUDA itself requires).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,7 +79,20 @@ class Runtime {
   // calls apply in some order, and the monitor ends as the last one set it.
   void configure(std::string_view conf) PINS_EXCLUDES(mu_);
   Config config() const PINS_EXCLUDES(mu_);
+  // A monitor whose thread runs in this process (false in a fork child until
+  // configure() starts the child's own, Note [Fork safety]).
   bool monitor_running() const PINS_EXCLUDES(mu_);
+
+  // The monitor's counters (PressureMonitor), zero when none runs here.
+  struct MonitorStatus {
+    bool running = false;      // monitor_running()
+    bool uses_psi = false;
+    uint64_t wakeups = 0;      // COUNT checks made
+    uint64_t triggers = 0;     // COUNT on_pressure() calls
+    uint64_t errors = 0;       // COUNT checks that threw
+    uint64_t foreign_wakeups = 0;  // COUNT eventfd wake-ups that stop() did not ask for
+  };
+  MonitorStatus monitor_status() const PINS_EXCLUDES(mu_);
 
  private:
   // A monitor of the balancer's headroom, polling every `interval_ms`, with PSI
@@ -61,11 +100,19 @@ class Runtime {
   // /proc files.
   std::unique_ptr<PressureMonitor> start_monitor(uint64_t interval_ms, const std::string& root) PINS_EXCLUDES(mu_);
 
+  // Note [Fork safety]: the pthread_atfork handlers (after_fork serves both
+  // the parent and the child).
+  static void prepare_fork();
+  static void after_fork();
+
   // Level 1 of Note [Lock order] (csrc/base/thread_safety.h): held while the
   // balancer's and the pool's locks are taken (configure), never while a
   // monitor is built or destroyed (that starts or joins its thread).
   mutable Mutex mu_;
   Config config_ PINS_GUARDED_BY(mu_);
+  // config_.headroom for the monitor's thread, which reads it lock-free (Note
+  // [Fork safety]); written under mu_. Built before the monitor.
+  std::atomic<uint64_t> headroom_;
   // Declared in build order; destroyed in reverse: the balancer frees into the
   // pool and reads the probe, so both outlive it; the monitor calls the
   // balancer and reads the probe, so it goes first.

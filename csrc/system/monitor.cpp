@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -31,6 +32,19 @@ constexpr char kPsiTriggerUnprivileged[] = "some 200000 2000000";
 // assigning.
 thread_local const PressureMonitor* t_monitor = nullptr;
 
+// Note [Monitor across fork]: how many fork() children deep this process is,
+// counted by a pthread_atfork child handler (async-signal-safe: one atomic add),
+// registered before the first monitor is built.
+std::atomic<uint64_t> g_fork_generation{0};
+
+void count_fork_in_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+
+uint64_t fork_generation() {
+  static const int registered = ::pthread_atfork(nullptr, nullptr, &count_fork_in_child);
+  if (registered != 0) throw ResourceError(detail::cat("PressureMonitor: pthread_atfork failed: ", std::strerror(registered)));
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
 // A PSI trigger fd on `path`, or -1 when PSI cannot be used there: the file is
 // missing, not writable, not on procfs (a test fixture, where a write would
 // just succeed), or refuses both triggers (a kernel without PSI triggers).
@@ -53,7 +67,12 @@ int open_psi_trigger(const std::string& path) {
 PressureMonitor::PressureMonitor(MemoryProbe& probe, std::function<uint64_t()> headroom,
                                  std::function<void()> on_pressure, std::chrono::milliseconds interval,
                                  std::string root)
-    : probe_(probe), headroom_(std::move(headroom)), on_pressure_(std::move(on_pressure)), interval_(interval) {
+    : probe_(probe),
+      headroom_(std::move(headroom)),
+      on_pressure_(std::move(on_pressure)),
+      interval_(interval),
+      pid_(::getpid()),
+      fork_generation_(fork_generation()) {
   PINS_CHECK_VALUE(interval_.count() > 0, "PressureMonitor interval must be positive, got ", interval_.count(), " ms");
   PINS_CHECK_VALUE(headroom_ && on_pressure_, "PressureMonitor needs both a headroom and an on_pressure callable");
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -71,12 +90,32 @@ PressureMonitor::PressureMonitor(MemoryProbe& probe, std::function<uint64_t()> h
 
 PressureMonitor::~PressureMonitor() {
   stop();
-  ::close(wake_fd_);
+  ::close(wake_fd_);  // in a fork child, its own copy: the parent's stays open
   if (psi_fd_ >= 0) ::close(psi_fd_);
+}
+
+bool PressureMonitor::inherited() const {
+  // The pid alone could be reused by a descendant; the generation alone would
+  // miss a fork whose handlers did not run (a raw clone()).
+  return g_fork_generation.load(std::memory_order_relaxed) != fork_generation_ || ::getpid() != pid_;
+}
+
+// Only the thread that called fork() exists in the child, so mu_ (which a
+// parent thread may have held at the fork, and then stays held here forever)
+// is not taken; abandoned_ makes a second call return.
+void PressureMonitor::abandon_inherited() PINS_NO_THREAD_SAFETY_ANALYSIS {
+  if (abandoned_.exchange(true)) return;
+  // The thread is the parent's: neither join (it does not exist here) nor
+  // destroy a joinable handle (std::terminate). Moving it out is plain memory.
+  new std::thread(std::move(thread_));  // NOLINT: leaked on purpose
 }
 
 void PressureMonitor::stop() {
   stopping_.store(true);
+  if (inherited()) {
+    abandon_inherited();  // and no write to the eventfd the parent's thread polls
+    return;
+  }
   const uint64_t one = 1;
   // Cannot fail but for a counter overflow, and then the thread is awake anyway.
   [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof one);
@@ -111,7 +150,15 @@ void PressureMonitor::run() {
     pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {psi_fd_, POLLPRI, 0}};
     const int rc = ::poll(fds, psi_fd_ >= 0 ? 2 : 1, timeout);
     if (rc < 0) continue;  // EINTR; poll on two fds has no other failure in practice
-    if (fds[0].revents & POLLIN) break;
+    if (fds[0].revents & POLLIN) {
+      // stop() asked, or someone else wrote (a fork child built before Note
+      // [Monitor across fork]): drain it, and go on unless stopping.
+      uint64_t n = 0;
+      [[maybe_unused]] const ssize_t r = ::read(wake_fd_, &n, sizeof n);
+      if (stopping_.load()) break;
+      foreign_wakeups_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     if (psi_fd_ >= 0 && (fds[1].revents & (POLLERR | POLLHUP | POLLNVAL))) {
       // The trigger is gone (its cgroup was removed): go on polling.
       ::close(psi_fd_);

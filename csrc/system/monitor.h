@@ -12,7 +12,19 @@
 //  - every `interval` in either mode, because RAM can run out slowly without
 //    any stall, which PSI alone would miss.
 // stop() wakes the thread through an eventfd, so it returns as soon as a check
-// in progress (and its on_pressure()) finishes, whatever the interval.
+// in progress (and its on_pressure()) finishes, whatever the interval. A wake-up
+// on the eventfd that stop() did not ask for is drained and ignored.
+//
+// Note [Monitor across fork]
+// A child of fork() gets a copy of the monitor object but not its thread, and
+// shares the eventfd and the PSI trigger (same open files) with the parent. In
+// the child the monitor is *inherited*: stop() and the destructor neither write
+// to the shared eventfd (that would wake the parent's thread) nor join the
+// thread (it does not exist here; joining it aborted). They close the child's
+// own copies of the descriptors (the parent's stay open, and its PSI trigger
+// with them) and abandon the thread handle (a few bytes leaked per inherited
+// monitor). An inherited monitor never checks anything: whoever owns it builds
+// a new one in the child if it wants one (Runtime::configure does).
 #pragma once
 
 #include <atomic>
@@ -48,21 +60,33 @@ class PressureMonitor {
   // it only asks the thread to stop (no self-join).
   void stop() PINS_EXCLUDES(mu_);
 
+  // Note [Monitor across fork]: this object was built in another process, of
+  // which this one is a fork() child; its thread does not run here.
+  bool inherited() const;
+
   bool uses_psi() const { return uses_psi_.load(std::memory_order_relaxed); }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }    // COUNT of checks made
   uint64_t triggers() const { return triggers_.load(std::memory_order_relaxed); }  // COUNT of on_pressure() calls
   // COUNT of checks in which the probe, headroom() or on_pressure() threw; the
   // exception is dropped and the monitor goes on.
   uint64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+  // COUNT of eventfd wake-ups that stop() did not ask for (drained, ignored).
+  uint64_t foreign_wakeups() const { return foreign_wakeups_.load(std::memory_order_relaxed); }
 
  private:
   void run();
   void check();
+  void abandon_inherited();  // Note [Monitor across fork]
 
   MemoryProbe& probe_;
   const std::function<uint64_t()> headroom_;
   const std::function<void()> on_pressure_;
   const std::chrono::milliseconds interval_;
+  // Where the monitor was built: the process and the count of fork() children
+  // this process descends from (Note [Monitor across fork]).
+  const int pid_;
+  const uint64_t fork_generation_;
+  std::atomic<bool> abandoned_{false};  // an inherited monitor's stop() ran
   int wake_fd_ = -1;  // eventfd written by stop()
   int psi_fd_ = -1;   // PSI trigger, -1 when polling; after construction only the thread touches it
   std::atomic<bool> uses_psi_{false};
@@ -70,6 +94,7 @@ class PressureMonitor {
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> triggers_{0};
   std::atomic<uint64_t> errors_{0};
+  std::atomic<uint64_t> foreign_wakeups_{0};
   // Serializes stop()'s join, so a second stop() returns only once the thread
   // is gone. A leaf outside the three levels of Note [Lock order]: the thread
   // never takes it (stop() from on_pressure() returns before it), and no other

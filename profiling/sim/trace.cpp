@@ -417,7 +417,7 @@ Trace parse_trace(const std::string& text, const std::string& origin, const std:
   json doc;
   try {
     doc = json::parse(text, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past a double
     throw TraceError(origin + ": not valid JSON: " + e.what());
   }
   const Field top{doc, "", origin};

@@ -41,7 +41,40 @@ TEST(BudgetPin, ReserveIsHalfTheHeadroomOrThePinReserve) {
 TEST(BudgetPin, ShortfallSaturates) {
   const Config c;
   EXPECT_EQ(pin_shortfall(kMax, 0, c), kMax) << "a pin too large for any RAM never fits";
-  EXPECT_EQ(pin_shortfall(kMax, kMax, c), 0u);
+  EXPECT_EQ(pin_shortfall(kMax, kMax, c), 2 * GiB) << "bytes + reserve - A is 2 GiB, though bytes + reserve > 2^64";
+}
+
+// Note [Exact budget arithmetic]: near 2^64 every formula gives its exact value
+// when that fits in 64 bits, saturates when it does not, and never wraps.
+TEST(BudgetPin, ExactNearTwoToTheSixtyFour) {
+  Config c;
+  c.headroom = 0;
+  c.pin_reserve = kMax;  // parse_config refuses this (Note [Configuration bounds]); the formula stays exact
+  EXPECT_EQ(pin_shortfall(0, 0, c), kMax);
+  EXPECT_EQ(pin_shortfall(1, 0, c), kMax) << "2^64 saturates";
+  EXPECT_EQ(pin_shortfall(1, 1, c), kMax);
+  EXPECT_EQ(pin_shortfall(1, 2, c), kMax - 1);
+  EXPECT_EQ(pin_shortfall(kMax, kMax, c), kMax);
+  EXPECT_EQ(pin_shortfall(0, kMax, c), 0u);
+  c.pin_reserve = kMax - 10;
+  EXPECT_EQ(pin_shortfall(20, 30, c), kMax - 20);
+  EXPECT_EQ(pin_shortfall(20, kMax, c), 10u);
+  EXPECT_EQ(pin_shortfall(kMax, kMax - 5, c), kMax - 5) << "bytes + reserve is past 2^64, the shortfall is not";
+  c.pin_reserve = 100;
+  EXPECT_EQ(pin_shortfall(kMax - 50, kMax, c), 50u);
+  EXPECT_EQ(pin_shortfall(kMax - 100, kMax, c), 0u);
+  EXPECT_EQ(pin_shortfall(kMax - 101, kMax, c), 0u);
+  EXPECT_EQ(pin_shortfall(kMax, 0, c), kMax);
+  c.headroom = kMax;  // reserve = headroom / 2 = 2^63 - 1
+  c.pin_reserve = 0;
+  EXPECT_EQ(pin_shortfall(uint64_t{1} << 63, 0, c), kMax);
+  EXPECT_EQ(pin_shortfall(uint64_t{1} << 63, 1, c), kMax - 1);
+  EXPECT_EQ(pin_free_goal(kMax - 1, c), kMax);
+  EXPECT_EQ(relieve_shortfall(0, c), kMax);
+  EXPECT_EQ(relieve_shortfall(kMax, c), 0u);
+  EXPECT_EQ(relieve_free_goal(kMax, c), kMax);
+  c.relieve_slack = kMax;
+  EXPECT_EQ(relieve_free_goal(1, c), kMax);
 }
 
 TEST(BudgetPin, FreeGoalAddsThePinSlack) {
@@ -79,6 +112,11 @@ TEST(BudgetLock, FitsUnderTheCeiling) {
   EXPECT_TRUE(lock_fits(0, 0, 0));
   EXPECT_FALSE(lock_fits(0, 1, 0));
   EXPECT_FALSE(lock_fits(kMax - 1, 2, kMax - 1)) << "saturates instead of wrapping";
+  EXPECT_FALSE(lock_fits(kMax - 1, 2, kMax)) << "2^64 + 1 does not fit under 2^64 - 1";
+  EXPECT_FALSE(lock_fits(kMax, 1, kMax));
+  EXPECT_TRUE(lock_fits(kMax - 1, 1, kMax));
+  EXPECT_TRUE(lock_fits(0, kMax, kMax));
+  EXPECT_FALSE(lock_fits(1, kMax, kMax));
 }
 
 TEST(BudgetLock, DropGoalLeavesTheHysteresisAndThePin) {
@@ -88,6 +126,13 @@ TEST(BudgetLock, DropGoalLeavesTheHysteresisAndThePin) {
   EXPECT_EQ(lock_drop_goal(3 * GiB, 1 * GiB, c), 0u);
   EXPECT_EQ(lock_drop_goal(2 * GiB, 1 * GiB, c), 0u) << "below zero: drop every lock";
   EXPECT_EQ(lock_drop_goal(20 * GiB, kMax, c), 0u);
+  EXPECT_EQ(lock_drop_goal(kMax, kMax, c), 0u);
+  EXPECT_EQ(lock_drop_goal(kMax, kMax - 2 * GiB, c), 0u);
+  EXPECT_EQ(lock_drop_goal(kMax, kMax - 2 * GiB - 1, c), 1u);
+  EXPECT_EQ(lock_drop_goal(kMax, 0, c), kMax - 2 * GiB);
+  c.lock_hysteresis = kMax;
+  EXPECT_EQ(lock_drop_goal(kMax, 0, c), 0u);
+  EXPECT_EQ(lock_drop_goal(kMax, 1, c), 0u) << "hysteresis + bytes is past 2^64: the exact goal is negative";
   c.lock_hysteresis = 0;
   EXPECT_EQ(lock_drop_goal(20 * GiB, 1 * GiB, c), 19 * GiB);
 }

@@ -6,6 +6,9 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <mutex>
+#include <set>
+#include <utility>
 #include <random>
 #include <string>
 #include <thread>
@@ -62,6 +65,14 @@ class CheckedPool {
     pool_.record_fence(ptr, std::move(fence));
   }
   bool in_flight(void* ptr) { return pool_.in_flight(ptr); }
+  bool begin_copy(void* ptr) {
+    Checker c{*this};
+    return pool_.begin_copy(ptr);
+  }
+  void end_copy(void* ptr, std::shared_ptr<Fence> fence = nullptr) {
+    Checker c{*this};
+    pool_.end_copy(ptr, std::move(fence));
+  }
   size_t trim(size_t keep_idle = 0) {
     Checker c{*this};
     return pool_.trim(keep_idle);
@@ -448,8 +459,9 @@ TEST(HostPoolInvariants, HoldAcrossRandomCalls) {
   std::mt19937 rng(seed);
   std::vector<std::shared_ptr<std::atomic<bool>>> flags;
   std::vector<void*> live;
+  std::vector<void*> copying;  // begun copies (their blocks may have been freed since)
   for (int i = 0; i < 3000; ++i) {
-    switch (rng() % 8) {
+    switch (rng() % 10) {
       case 0:
       case 1:
       case 2: {
@@ -479,8 +491,27 @@ TEST(HostPoolInvariants, HoldAcrossRandomCalls) {
         if (rng() % 4 == 0) pool.trim(rng() % 2 ? 0 : 512 * KiB);
         if (rng() % 8 == 0) pool.set_cap(rng() % 2 ? 0 : 4 * MiB);
         break;
+      case 8:
+        if (!live.empty()) {
+          void* p = live[rng() % live.size()];
+          if (pool.begin_copy(p)) copying.push_back(p);
+        }
+        break;
+      case 9:
+        if (!copying.empty()) {
+          const size_t k = rng() % copying.size();
+          std::shared_ptr<Fence> fence;
+          if (rng() % 2) {
+            flags.push_back(std::make_shared<std::atomic<bool>>(false));
+            fence = std::make_shared<FakeFence>(flags.back().get());
+          }
+          pool.end_copy(copying[k], fence);
+          copying.erase(copying.begin() + static_cast<long>(k));
+        }
+        break;
     }
   }
+  for (void* p : copying) pool.end_copy(p);
   for (auto& f : flags) *f = true;
   for (void* p : live) pool.free(p);
   pool.trim(0);
@@ -505,9 +536,11 @@ class BusyPool : public ::testing::Test {
     pool_.free(b);     // a hole between a and c
     pool_.record_fence(c, std::make_shared<FakeFence>(&pending_));
     pool_.free(c);  // parked
+    ASSERT_TRUE(pool_.begin_copy(a_));  // a copy being issued (Note [Copies from a block])
     good_ = pool_.snapshot();
   }
   void TearDown() override {
+    pool_.end_copy(a_);
     pending_ = true;
     for (void* p : {a_, big_, plain_}) pool_.free(p);
     pool_.trim(0);
@@ -537,6 +570,8 @@ size_t index_of(const PoolSnapshot& s, uintptr_t addr) {
 
 TEST_F(BusyPool, SnapshotPasses) {
   EXPECT_NO_THROW(check_snapshot(good_));
+  EXPECT_EQ(good_.stats.copies.current, 1);
+  EXPECT_EQ(good_.blocks[index_of(good_, addr(a_))].copies, 1);
   EXPECT_NO_THROW(pool_.check_invariants());
   EXPECT_EQ(good_.parked.size(), 1u);
   EXPECT_EQ(good_.idle.size(), 1u);
@@ -582,6 +617,8 @@ TEST_F(BusyPool, EachCorruptionIsCaught) {
        [&](PoolSnapshot& s) {
          auto& b = s.blocks[index_of(s, alloc.addr)];
          b.state = BlockState::Free;
+         s.stats.copies.current -= b.copies;
+         b.copies = 0;
          s.free[1].push_back({b.size, b.addr});
          s.stats.allocated_bytes.current -= static_cast<int64_t>(b.size);
          s.stats.requested_bytes.current -= static_cast<int64_t>(b.requested);
@@ -616,6 +653,25 @@ TEST_F(BusyPool, EachCorruptionIsCaught) {
       {"an extent leaves its segment", [](PoolSnapshot& s) { s.extents.back().size += 64 * MiB; },
        "not inside its segment"},
       {"the parked list forgets a parked block", [](PoolSnapshot& s) { s.parked.clear(); }, "parked"},
+      {"the copies level drifts", [](PoolSnapshot& s) { s.stats.copies.current += 1; }, "copies is"},
+      {"a free block has a copy begun",
+       [&](PoolSnapshot& s) {
+         s.blocks[index_of(s, hole.addr)].copies = 1;
+         s.stats.copies.current += 1;
+       },
+       "free block"},
+      {"a free block keeps a fence", [&](PoolSnapshot& s) { s.blocks[index_of(s, hole.addr)].fences = 1; },
+       "free block"},
+      {"a copy begun in an extent whose lock is being dropped",
+       [&](PoolSnapshot& s) {
+         for (auto& e : s.extents)
+           if (e.base == first(s, BlockState::Allocated).extent) e.unlocking = true;
+         for (auto& b : s.blocks)
+           if (b.state == BlockState::Allocated && b.extent == first(s, BlockState::Allocated).extent) b.copies = 1;
+         s.stats.copies.current = 0;
+         for (const auto& b : s.blocks) s.stats.copies.current += b.copies;
+       },
+       "being dropped"},
   };
   ASSERT_EQ(good.segments.size(), 1u);
   ASSERT_EQ(good.ranges.size(), 1u);
@@ -631,6 +687,400 @@ TEST_F(BusyPool, EachCorruptionIsCaught) {
       EXPECT_NE(std::string(e.what()).find("Note [Host pool invariants]"), std::string::npos) << e.what();
     }
   }
+}
+
+}  // namespace
+}  // namespace pins
+
+namespace pins {
+namespace {
+
+// Note [Copies from a block]: a fake DMA engine and a backend that watch each
+// other. The backend keeps the null backend's bookkeeping and tells the engine
+// about every lock, unlock and decommit; the engine counts a violation when an
+// unlock drops the page-lock under a copy that was issued from locked pages and
+// is still running, when a decommit takes pages a copy still reads, and when a
+// block is handed out again while a copy from it still runs.
+class Dma {
+ public:
+  struct Copy {
+    uintptr_t addr;
+    size_t size;
+    bool from_locked;
+    std::atomic<bool> done{false};
+  };
+
+  std::shared_ptr<Copy> issue(void* p, size_t n) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto c = std::make_shared<Copy>();
+    c->addr = addr(p);
+    c->size = n;
+    c->from_locked = false;
+    for (const auto& [base, size] : locked_)
+      if (c->addr >= base && c->addr + n <= base + size) c->from_locked = true;
+    copies_.push_back(c);
+    return c;
+  }
+  void complete(Copy& c) { c.done = true; }
+
+  void locked(uintptr_t base, size_t size) {
+    std::lock_guard<std::mutex> g(mu_);
+    locked_.insert({base, size});
+  }
+  void unlocked(uintptr_t base, size_t size) {
+    std::function<void()> hook = std::exchange(during_unlock, nullptr);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      locked_.erase({base, size});
+      for (const auto& c : running_locked())
+        if (c->from_locked && overlaps(*c, base, size))
+          fault("unlock of extent ", base, " under a copy from ", c->addr);
+    }
+    if (hook) hook();
+  }
+  void decommitted(uintptr_t base, size_t size) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& c : running_locked())
+      if (overlaps(*c, base, size)) fault("decommit of extent ", base, " under a copy from ", c->addr);
+  }
+  void handed_out(void* p, size_t n) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& c : running_locked())
+      if (overlaps(*c, addr(p), n)) fault("block ", addr(p), " handed out again under a copy from ", c->addr);
+  }
+
+  int violations() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return violations_;
+  }
+  std::string report() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return first_;
+  }
+  // Runs once, inside the next backend unlock (after the engine's check): what
+  // another thread might do while an unlock() runs unlocked.
+  std::function<void()> during_unlock;
+
+ private:
+  static bool overlaps(const Copy& c, uintptr_t base, size_t size) {
+    return c.addr < base + size && base < c.addr + c.size;
+  }
+  std::vector<std::shared_ptr<Copy>> running_locked() {
+    copies_.erase(std::remove_if(copies_.begin(), copies_.end(), [](const auto& c) { return c->done.load(); }),
+                  copies_.end());
+    return copies_;
+  }
+  template <typename... A>
+  void fault(const A&... a) {
+    if (violations_++ == 0) first_ = detail::cat(std::hex, a...);
+  }
+
+  mutable std::mutex mu_;
+  std::set<std::pair<uintptr_t, size_t>> locked_;
+  std::vector<std::shared_ptr<Copy>> copies_;
+  int violations_ = 0;
+  std::string first_;
+};
+
+class WatchedBackend final : public HostBackend {
+ public:
+  explicit WatchedBackend(Dma& dma) : dma_(dma), inner_(make_null_backend()) {}
+  const char* name() const override { return "watched"; }
+  size_t page_size() const override { return inner_->page_size(); }
+  bool can_lock() const override { return true; }
+  int reserve(size_t size, void** p) override { return inner_->reserve(size, p); }
+  int release(void* p, size_t size) override { return inner_->release(p, size); }
+  int commit(void* p, size_t size) override { return inner_->commit(p, size); }
+  int decommit(void* p, size_t size) override {
+    dma_.decommitted(addr(p), size);
+    return inner_->decommit(p, size);
+  }
+  int lock(void* p, size_t size) override {
+    dma_.locked(addr(p), size);
+    return inner_->lock(p, size);
+  }
+  int unlock(void* p, size_t size) override {
+    dma_.unlocked(addr(p), size);
+    return inner_->unlock(p, size);
+  }
+
+ private:
+  Dma& dma_;
+  std::unique_ptr<HostBackend> inner_;
+};
+
+// The fence of a fake copy; `on_query` runs once, inside the first done() call.
+class CopyFence final : public Fence {
+ public:
+  explicit CopyFence(std::shared_ptr<Dma::Copy> c, std::function<void()> on_query = nullptr)
+      : copy_(std::move(c)), on_query_(std::move(on_query)) {}
+  bool done() override {
+    if (auto hook = std::exchange(on_query_, nullptr)) hook();
+    return copy_->done.load();
+  }
+
+ private:
+  std::shared_ptr<Dma::Copy> copy_;
+  std::function<void()> on_query_;
+};
+
+// The window of the issue: pin B's non_blocking copy is issued, its fence not
+// recorded yet, when the registration ceiling unlocks pin A of the same extent.
+// Before begin_copy() the unlock judged only the fences recorded at that moment
+// and dropped the extent's page-lock under B's copy.
+TEST(HostPoolDma, UnlockWaitsForACopyWhoseFenceIsNotRecordedYet) {
+  Dma dma;
+  CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(1 * MiB));
+  void* a = pool.allocate(64 * KiB);
+  void* b = pool.allocate(64 * KiB);
+  ASSERT_EQ(addr(b), addr(a) + 64 * KiB) << "the test needs both blocks in one extent";
+
+  ASSERT_TRUE(pool.begin_copy(b));
+  EXPECT_TRUE(pool.in_flight(b));
+  const auto copy = dma.issue(b, 64 * KiB);  // cudaMemcpyAsync from B: its fence is not recorded yet
+  ASSERT_TRUE(copy->from_locked);
+  EXPECT_EQ(pool.unlock(a), 0u) << "B's copy is being issued in A's extent";
+  EXPECT_TRUE(pool.is_locked(a));
+  pool.end_copy(b, std::make_shared<CopyFence>(copy));  // the fence is recorded
+  EXPECT_EQ(pool.unlock(a), 0u) << "B's fence is not done";
+  dma.complete(*copy);
+  EXPECT_FALSE(pool.in_flight(b));
+  EXPECT_EQ(pool.unlock(a), 1 * MiB);
+  EXPECT_EQ(dma.violations(), 0) << dma.report();
+  EXPECT_EQ(pool.stats().busy_unlocks, 2);
+  EXPECT_EQ(pool.stats().copies.current, 0);
+  pool.free(a);
+  pool.free(b);
+}
+
+// record_fence() queries a block's older fences unlocked. It used to take them
+// off the block for that time, so an unlock() of a neighbour in between saw no
+// fence on the block and unlocked the extent under its copy.
+TEST(HostPoolDma, FencesStayVisibleWhileRecordFenceQueriesThem) {
+  Dma dma;
+  CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(1 * MiB));
+  void* a = pool.allocate(64 * KiB);
+  void* b = pool.allocate(64 * KiB);
+  const auto first = dma.issue(b, 64 * KiB);
+  size_t unlocked_meanwhile = 12345;
+  // While record_fence(b, second) queries `first`, another thread unlocks a.
+  pool.record_fence(b, std::make_shared<CopyFence>(first, [&] { unlocked_meanwhile = pool.unlock(a); }));
+  const auto second = dma.issue(b, 64 * KiB);
+  pool.record_fence(b, std::make_shared<CopyFence>(second));
+  EXPECT_EQ(unlocked_meanwhile, 0u) << "the unlock did not see B's first fence";
+  EXPECT_EQ(dma.violations(), 0) << dma.report();
+  dma.complete(*first);
+  dma.complete(*second);
+  EXPECT_EQ(pool.unlock(a), 1 * MiB);
+  pool.free(a);
+  pool.free(b);
+}
+
+// While an unlock() runs between its lock holds (querying fences, calling the
+// backend), no copy may begin on its extent: begin_copy() refuses, and the
+// caller copies from the source instead.
+TEST(HostPoolDma, NoCopyBeginsWhileTheLockIsDropped) {
+  Dma dma;
+  CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(1 * MiB));
+  void* a = pool.allocate(64 * KiB);
+  void* b = pool.allocate(64 * KiB);
+  // Inside the backend's unlock call.
+  bool began = true;
+  dma.during_unlock = [&] { began = pool.begin_copy(b); };
+  EXPECT_EQ(pool.unlock(a), 1 * MiB);
+  EXPECT_FALSE(began) << "a copy began while the extent's page-lock was being dropped";
+  // Inside the unlock's fence query.
+  void* c = pool.allocate(64 * KiB);  // a new locked extent: a's is unlocked now
+  void* d = pool.allocate(64 * KiB);
+  ASSERT_TRUE(pool.is_locked(c));
+  const auto old = dma.issue(d, 64 * KiB);
+  dma.complete(*old);
+  bool began_in_query = true;
+  pool.record_fence(d, std::make_shared<CopyFence>(old, [&] { began_in_query = pool.begin_copy(d); }));
+  EXPECT_EQ(pool.unlock(c), 1 * MiB);
+  EXPECT_FALSE(began_in_query);
+  EXPECT_EQ(pool.stats().copy_refusals, 2);
+  // Unlocked for good: copies begin again (the driver stages pageable memory).
+  EXPECT_TRUE(pool.begin_copy(b));
+  pool.end_copy(b);
+  EXPECT_EQ(dma.violations(), 0) << dma.report();
+  for (void* p : {a, b, c, d}) pool.free(p);
+}
+
+// A block freed while its copy is being issued is parked: it is not handed out
+// again until the copy ended and its fence is done.
+TEST(HostPoolDma, FreeDuringACopyParksTheBlock) {
+  Dma dma;
+  CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(1 * MiB, 0, 0));
+  void* b = pool.allocate(64 * KiB);
+  void* keep = pool.allocate(64 * KiB);  // keeps the extent from going idle
+  ASSERT_TRUE(pool.begin_copy(b));
+  const auto copy = dma.issue(b, 64 * KiB);
+  pool.free(b);
+  EXPECT_EQ(pool.stats().deferred_frees, 1);
+  EXPECT_TRUE(pool.snapshot().parked.size() == 1);
+  void* c = pool.allocate(64 * KiB);
+  dma.handed_out(c, 64 * KiB);
+  pool.end_copy(b, std::make_shared<CopyFence>(copy));  // the fence of a copy from a freed block
+  void* d = pool.allocate(64 * KiB);
+  dma.handed_out(d, 64 * KiB);
+  EXPECT_NE(c, b);
+  EXPECT_NE(d, b);
+  dma.complete(*copy);
+  void* e = pool.allocate(64 * KiB);  // the reap returns b
+  dma.handed_out(e, 64 * KiB);
+  EXPECT_EQ(e, b);
+  EXPECT_EQ(dma.violations(), 0) << dma.report();
+  EXPECT_THROW(pool.end_copy(e), ValueError) << "no copy begun";
+  EXPECT_THROW(pool.begin_copy(reinterpret_cast<char*>(e) + 512), ValueError);
+  for (void* p : {c, d, e, keep}) pool.free(p);
+  EXPECT_EQ(pool.stats().committed_bytes.current, 0) << "retain_free:0";
+}
+
+// Threads that copy from small blocks sharing extents (begin_copy, issue, end_copy
+// with the fence, complete later, free) against a thread that unlocks random
+// blocks and trims: no page-lock dropped, no page decommitted and no block
+// handed out again under a running copy.
+TEST(HostPoolDma, CopiersAgainstAnUnlocker) {
+  Dma dma;
+  CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(512 * KiB, 0, 1 * MiB));
+  const unsigned seed = std::random_device{}();
+  std::printf("HostPoolDma.CopiersAgainstAnUnlocker seed=%u\n", seed);
+  std::mutex live_mu;
+  std::vector<void*> live;  // blocks the unlocker may name
+  std::atomic<bool> stop{false};
+  std::atomic<int> copies{0}, refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed + t);
+      std::vector<std::pair<void*, std::shared_ptr<Dma::Copy>>> running;
+      std::vector<void*> mine;
+      const auto free_one = [&](size_t k) {
+        std::lock_guard<std::mutex> g(live_mu);
+        live.erase(std::find(live.begin(), live.end(), mine[k]));
+        pool.free(mine[k]);  // its copy may still run: the pool parks it
+        mine.erase(mine.begin() + static_cast<long>(k));
+      };
+      for (int i = 0; i < 800; ++i) {
+        const size_t n = 4 * KiB + rng() % (96 * KiB);
+        void* p = pool.allocate(n, rng() % 8 != 0);
+        dma.handed_out(p, n);
+        {
+          std::lock_guard<std::mutex> g(live_mu);
+          live.push_back(p);
+        }
+        mine.push_back(p);
+        if (pool.begin_copy(p)) {
+          auto c = dma.issue(p, n);
+          if (rng() % 2) std::this_thread::yield();  // the window before the fence
+          pool.end_copy(p, std::make_shared<CopyFence>(c));
+          running.emplace_back(p, c);
+          copies++;
+        } else {
+          refused++;
+        }
+        if (!running.empty() && rng() % 3 == 0) dma.complete(*running[rng() % running.size()].second);
+        if (mine.size() > 8 || rng() % 2) free_one(rng() % mine.size());
+      }
+      while (!mine.empty()) free_one(0);
+      for (auto& [p, c] : running) dma.complete(*c);
+    });
+  }
+  std::thread unlocker([&] {
+    std::mt19937 rng(seed + 100);
+    while (!stop) {
+      {
+        std::lock_guard<std::mutex> g(live_mu);  // names only live blocks
+        if (!live.empty()) pool.unlock(live[rng() % live.size()]);
+      }
+      if (rng() % 16 == 0) pool.trim(rng() % 2 ? 0 : 512 * KiB);
+      std::this_thread::yield();
+    }
+  });
+  for (auto& th : threads) th.join();
+  stop = true;
+  unlocker.join();
+  EXPECT_TRUE(live.empty());
+  pool.trim(0);
+  EXPECT_EQ(dma.violations(), 0) << dma.report();
+  EXPECT_GT(copies.load(), 0);
+  const PoolStats s = pool.stats();
+  std::printf("copies %d, refused %d, unlocks %lld, busy unlocks %lld\n", copies.load(), refused.load(),
+              static_cast<long long>(s.unregistrations), static_cast<long long>(s.busy_unlocks));
+  EXPECT_GT(s.busy_unlocks, 0) << "the unlocker never met a copy: the test does not exercise the window";
+  EXPECT_EQ(s.blocks.current, 0);
+  EXPECT_EQ(s.copies.current, 0);
+  EXPECT_EQ(s.committed_bytes.current, 0);
+}
+
+// Sizes near 2^64 are refused before any arithmetic on them (SIZE_MAX - 511
+// would round up to 0); nothing changes in the pool.
+TEST(HostPool, SizesNearTwoToTheSixtyFourAreRefused) {
+  CheckedPool pool(make_null_backend(), opts());
+  void* keep = pool.allocate(4096);
+  const PoolStats before = pool.stats();
+  for (size_t n : {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 511, SIZE_MAX - 4095, SIZE_MAX / 2 + 1,
+                   HostPool::kMaxAllocation + 1}) {
+    SCOPED_TRACE(n);
+    EXPECT_THROW(pool.try_allocate(n), ValueError);
+    EXPECT_THROW(pool.allocate(n, false), ValueError);
+  }
+  const PoolStats after = pool.stats();
+  EXPECT_EQ(after.committed_bytes.current, before.committed_bytes.current);
+  EXPECT_EQ(after.reserved_bytes.current, before.reserved_bytes.current);
+  EXPECT_EQ(after.allocations, before.allocations);
+  // At the bound: the cap refuses cleanly; without one, the null backend serves it.
+  pool.set_cap(HostPool::kMaxAllocation - 1);
+  EXPECT_EQ(pool.try_allocate(HostPool::kMaxAllocation), nullptr);
+  EXPECT_THROW(pool.allocate(HostPool::kMaxAllocation), ResourceError);
+  pool.set_cap(SIZE_MAX);  // a cap near 2^64 does not wrap the cap arithmetic
+  void* huge = pool.try_allocate(HostPool::kMaxAllocation);
+  ASSERT_NE(huge, nullptr);
+  EXPECT_EQ(pool.requested_size(huge), HostPool::kMaxAllocation);
+  pool.free(huge);
+  pool.free(keep);
+  EXPECT_THROW(HostPool(make_null_backend(), [] {
+                 PoolOptions o = opts();
+                 o.segment_size = SIZE_MAX;
+                 return o;
+               }()),
+               ValueError);
+  EXPECT_THROW(HostPool(make_null_backend(), [] {
+                 PoolOptions o = opts();
+                 o.extent_min = SIZE_MAX - 4095;
+                 return o;
+               }()),
+               ValueError);
+}
+
+// Found by fuzz/config_fuzz.cpp ("cap:1MB,"): a cap that is no multiple of the
+// page cut an extent of 10^6 bytes, so the backend was asked to commit and lock
+// a range that is not whole pages, and the next extent started mid-page.
+TEST(HostPool, ACapOfNoWholePagesCommitsWholePages) {
+  CheckedPool pool(make_null_backend(), opts(2 * MiB, 1000000));
+  void* p = pool.allocate(4 * KiB);
+  const PoolSnapshot s = pool.snapshot();
+  ASSERT_EQ(s.extents.size(), 1u);
+  EXPECT_EQ(s.extents[0].size, 1000000u / 4096 * 4096);
+  void* q = pool.allocate(1000000 / 4096 * 4096 - 4 * KiB);
+  EXPECT_EQ(pool.try_allocate(4 * KiB), nullptr) << "past the cap";
+  EXPECT_LE(pool.stats().committed_bytes.peak, 1000000);
+  pool.free(p);
+  pool.free(q);
+}
+
+// The pool's commits count toward the cap whatever extent_min asks: a 4 KiB
+// block under a 1 MiB cap with 64 MiB extents commits 1 MiB at most.
+TEST(HostPool, ExtentMinNeverCommitsPastTheCap) {
+  CheckedPool pool(make_null_backend(), opts(64 * MiB, 1 * MiB));
+  void* p = pool.allocate(4 * KiB);
+  EXPECT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(1 * MiB));
+  void* q = pool.allocate(1 * MiB - 4 * KiB);
+  EXPECT_EQ(pool.try_allocate(4 * KiB), nullptr);
+  EXPECT_LE(pool.stats().committed_bytes.peak, static_cast<int64_t>(1 * MiB));
+  pool.free(p);
+  pool.free(q);
 }
 
 }  // namespace

@@ -18,6 +18,15 @@ std::string error_of(const std::string& text) {
   return "";
 }
 
+std::string error_of_base(const std::string& text, const Config& base) {
+  try {
+    parse_config(text, base);
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(Config, DefaultsMatchDesign) {
   const Config c = parse_config("");
   EXPECT_EQ(c.backend, BackendKind::Auto);
@@ -108,6 +117,114 @@ TEST(Config, ErrorsNameKeyAndValue) {
     const std::string msg = error_of(c.text);
     ASSERT_FALSE(msg.empty()) << "no error for '" << c.text << "'";
     for (const char* m : c.mentions) EXPECT_NE(msg.find(m), std::string::npos) << "'" << msg << "' lacks " << m;
+  }
+}
+
+// Note [Configuration bounds]: each bound, just inside (accepted) and just
+// outside (refused with a message naming the key and the value as written).
+TEST(Config, EveryBoundJustInsideAndJustOutside) {
+  struct Bound {
+    std::string key;
+    std::vector<std::string> inside;
+    std::vector<std::string> outside;
+    std::string with = "";  // other keys the case needs
+  };
+  const std::string max_bytes = std::to_string(kMaxConfigBytes);          // 256TiB
+  const std::string past_max = std::to_string(kMaxConfigBytes + 1);
+  const std::vector<Bound> bounds = {
+      {"segment_size", {"65536", "1T"}, {"65535", "1099511627777", "18446744073709551615"}, "extent_min:4K"},
+      {"extent_min", {"4096", "64M"}, {"4095", "0", "67108865", "4G"}},
+      {"alignment", {"1", "4096", "512"}, {"0", "3", "8192", "18446744073709551615"}},
+      {"cap", {"0", "256T", max_bytes}, {past_max, "18446744073709551615"}},
+      {"retain_free", {"0", max_bytes}, {past_max, "16777216T"}},
+      {"headroom", {"0", max_bytes}, {past_max}},
+      {"pin_reserve", {"0", max_bytes}, {past_max, "18446744073709551615"}},
+      {"pin_slack", {"0", max_bytes}, {past_max}},
+      {"relieve_slack", {"0", max_bytes}, {past_max}},
+      {"ceiling_reserve", {"0", max_bytes}, {past_max}},
+      {"ceiling_swap_reserve", {"0", max_bytes}, {past_max}},
+      {"lock_hysteresis", {"0", max_bytes}, {past_max}},
+      {"ceiling_min", {"0", "0.9"}, {"-0.1", "0.9000001", "nan", "inf"}, "ceiling_max:0.9"},
+      {"ceiling_max", {"0.4", "1"}, {"0.3999999", "1.0000001", "2"}, "ceiling_min:0.4"},
+      {"monitor_interval_ms", {"1", "60000"}, {"0", "60001", "1K", "1.5", "-1"}},
+      {"system_root", {"/", "/tmp/x y"}, {""}},
+  };
+  for (const Bound& b : bounds) {
+    const std::string prefix = b.with.empty() ? "" : b.with + ",";
+    for (const std::string& v : b.inside) {
+      SCOPED_TRACE(b.key + ":" + v);
+      EXPECT_NO_THROW(parse_config(prefix + b.key + ":" + v));
+    }
+    for (const std::string& v : b.outside) {
+      SCOPED_TRACE(b.key + ":" + v);
+      const std::string msg = error_of(prefix + b.key + ":" + v);
+      ASSERT_FALSE(msg.empty()) << "accepted";
+      EXPECT_NE(msg.find("'" + b.key + "'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(v.empty() ? "''" : v), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(Config, BoundsBetweenKeys) {
+  EXPECT_NO_THROW(parse_config("segment_size:1M,extent_min:1M"));
+  std::string msg = error_of("segment_size:1M,extent_min:1052672");
+  EXPECT_NE(msg.find("'extent_min' (1028KiB)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'segment_size' (1MiB)"), std::string::npos) << msg;
+  msg = error_of("extent_min:64M,segment_size:32M");  // whatever the order of the keys
+  EXPECT_NE(msg.find("extent_min"), std::string::npos) << msg;
+  EXPECT_NO_THROW(parse_config("ceiling_min:0.5,ceiling_max:0.5"));
+  msg = error_of("ceiling_min:0.50001,ceiling_max:0.5");
+  EXPECT_NE(msg.find("'ceiling_min' (0.50001)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'ceiling_max' (0.5)"), std::string::npos) << msg;
+}
+
+// The two values: a pin_reserve of 2^64 - 1 (which the budget could
+// only saturate on) and an extent of 4 GiB committed for a 4 KiB pin.
+TEST(Config, RefusesTheValuesThatBrokeTheBudget) {
+  EXPECT_NE(error_of("pin_reserve:18446744073709551615").find("'pin_reserve' must be at most 256TiB"),
+            std::string::npos);
+  EXPECT_NE(error_of("extent_min:4G").find("'extent_min' must be from 4KiB to 64MiB, got '4G'"), std::string::npos);
+}
+
+// A base that did not come from text is checked too.
+TEST(Config, ChecksTheBase) {
+  Config base;
+  base.pin_reserve = UINT64_MAX;
+  EXPECT_NE(error_of_base("", base).find("'pin_reserve'"), std::string::npos);
+  base = Config{};
+  base.extent_min = 8 * MiB;
+  base.segment_size = 4 * MiB;
+  EXPECT_NE(error_of_base("headroom:1G", base).find("extent_min"), std::string::npos);
+  EXPECT_NO_THROW(parse_config("segment_size:8M", base));
+}
+
+TEST(Config, FractionsIgnoreTheLocale) {
+  // from_chars: "0,5" is not a number whatever LC_NUMERIC says.
+  EXPECT_DOUBLE_EQ(parse_config("ceiling_min:0.25").ceiling_min, 0.25);
+  EXPECT_DOUBLE_EQ(parse_config("ceiling_min:.25").ceiling_min, 0.25);
+  EXPECT_DOUBLE_EQ(parse_config("ceiling_min:25e-2").ceiling_min, 0.25);
+  EXPECT_FALSE(error_of("ceiling_min:0,5").empty());
+  EXPECT_FALSE(error_of("ceiling_min:0x0.8").empty());
+}
+
+TEST(Config, FormatReadsBackExactly) {
+  const Config d;
+  EXPECT_EQ(parse_config(format_config(d)), d);
+  const Config c = parse_config(
+      "backend:null,segment_size:3M,extent_min:12345,alignment:64,cap:1.5G,retain_free:0,mlock:on,policy:trace,"
+      "fast_disk:1,headroom:256T,pin_reserve:7,pin_slack:1KB,relieve_slack:0,ceiling_min:0.1,"
+      "ceiling_max:0.30000000000000004,ceiling_reserve:1,ceiling_swap_reserve:2,lock_hysteresis:3,monitor:yes,"
+      "monitor_interval_ms:60000,system_root:/tmp/a b:c");
+  const std::string text = format_config(c);
+  EXPECT_EQ(parse_config(text), c) << text;
+  EXPECT_NE(text.find("ceiling_max:0.30000000000000004"), std::string::npos) << text;
+  EXPECT_NE(text.find("system_root:/tmp/a b:c"), std::string::npos) << text;
+  // Every key once, in config_keys() order.
+  size_t at = 0;
+  for (const std::string& k : config_keys()) {
+    const size_t p = text.find(k + ":", at);
+    ASSERT_NE(p, std::string::npos) << k << " in " << text;
+    at = p + k.size();
   }
 }
 

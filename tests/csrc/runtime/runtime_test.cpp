@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,10 +16,69 @@
 #include "csrc/base/check.h"
 #include "tests/csrc/system/fixture_root.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define PINS_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PINS_TEST_TSAN 1
+#endif
+#endif
+#ifdef PINS_TEST_TSAN
+// The fork tests' children start threads (their own monitors), which
+// ThreadSanitizer forbids after a multi-threaded fork unless told otherwise.
+extern "C" const char* __tsan_default_options() { return "die_after_fork=0"; }
+#endif
+
 namespace pins {
 namespace {
 
 using testing::FixtureRoot;
+using namespace std::chrono_literals;
+
+// Waits up to 5 s for `cond`.
+template <typename Cond>
+bool eventually(Cond cond) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+// Forks; the child runs `child` under an alarm (a lock copied held, or a join
+// of a thread that is not there, becomes SIGALRM, not a hung test) and exits 0
+// unless it called fail(). Returns the child's wait status.
+template <typename Child>
+int in_fork_child(Child child, unsigned alarm_s = 10) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    ::alarm(alarm_s);
+    try {
+      child();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fork child threw: %s\n", e.what());
+      std::_Exit(100);
+    }
+    std::_Exit(0);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+  }
+  return status;
+}
+
+[[noreturn]] void fail(int code, const char* why) {
+  std::fprintf(stderr, "fork child: %s\n", why);
+  std::_Exit(code);
+}
 
 // A system root with plenty of available RAM, so a monitor never relieves.
 class RuntimeTest : public ::testing::Test {
@@ -105,6 +168,98 @@ TEST_F(RuntimeTest, ConcurrentConfigureEndsConsistent) {
   EXPECT_TRUE(rt.monitor_running());
   rt.configure("monitor:false");
   EXPECT_FALSE(rt.monitor_running());
+}
+
+// Note [Fork safety]: a child of a process whose monitor runs reconfigures the
+// monitor (on, off, on, off) and exits 0; the parent's monitor goes on waking
+// and stops cleanly after the child exited. Before, the child's configure
+// wrote to the eventfd it shares with the parent (stopping the parent's
+// monitor for good) and then joined a thread that does not exist in it
+// (SIGABRT).
+TEST_F(RuntimeTest, ForkWithTheMonitorOn) {
+  Runtime rt(config("monitor:true,monitor_interval_ms:5"));
+  ASSERT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= 2; }));
+  const int status = in_fork_child([&] {
+    if (rt.monitor_running()) fail(2, "the parent's monitor counts as running in the child");
+    if (rt.monitor_status().wakeups != 0) fail(3, "the parent's monitor reports counters in the child");
+    rt.configure("monitor:true");  // on: the child's own monitor replaces the inherited one
+    if (!rt.monitor_running()) fail(4, "configure did not start the child's monitor");
+    if (!eventually([&] { return rt.monitor_status().wakeups >= 3; })) fail(5, "the child's monitor does not wake");
+    rt.configure("monitor:false");
+    if (rt.monitor_running()) fail(6, "monitor:false left a monitor");
+    rt.configure("monitor:true");
+    if (!eventually([&] { return rt.monitor_status().wakeups >= 3; })) fail(7, "the restarted monitor does not wake");
+    rt.configure("monitor:false");
+    void* p = rt.pool().allocate(4096);  // the runtime's other parts work in the child
+    rt.pool().free(p);
+    rt.pool().check_invariants();
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child " << describe(status);
+  const uint64_t w = rt.monitor_status().wakeups;
+  EXPECT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= w + 5; })) << "the parent's monitor stopped";
+  EXPECT_TRUE(rt.monitor_running());
+  EXPECT_EQ(rt.monitor_status().foreign_wakeups, 0u) << "the child woke the parent's monitor";
+  // A parent-side stop after the child exited, and a restart.
+  const auto t0 = std::chrono::steady_clock::now();
+  rt.configure("monitor:false");
+  EXPECT_FALSE(rt.monitor_running());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  rt.configure("monitor:true");
+  EXPECT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= 2; }));
+}
+
+// A child that leaves the inherited monitor alone, and one whose runtime is
+// destroyed (as at the end of a scope): neither touches the parent's monitor.
+TEST_F(RuntimeTest, ForkChildThatDestroysTheRuntime) {
+  auto rt = std::make_unique<Runtime>(config("monitor:true,monitor_interval_ms:5"));
+  ASSERT_TRUE(eventually([&] { return rt->monitor_status().wakeups >= 2; }));
+  int status = in_fork_child([&] {
+    if (rt->monitor_running()) fail(2, "the parent's monitor counts as running in the child");
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child " << describe(status);
+  status = in_fork_child([&] { rt.reset(); });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child " << describe(status);
+  const uint64_t w = rt->monitor_status().wakeups;
+  EXPECT_TRUE(eventually([&] { return rt->monitor_status().wakeups >= w + 5; })) << "the parent's monitor stopped";
+  EXPECT_EQ(rt->monitor_status().foreign_wakeups, 0u);
+  rt.reset();  // the parent's stop and join
+}
+
+// Note [Fork safety]: forks while other threads allocate, free and configure.
+// Each child uses the pool and configure() at once; a lock copied held by a
+// thread that does not exist in the child would hang it (the alarm fails it).
+TEST_F(RuntimeTest, ForkWhileOtherThreadsHoldTheLocks) {
+  Runtime rt(config("cap:0,retain_free:0"));
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      uint64_t i = 0;
+      while (!stop) {
+        void* p = rt.pool().try_allocate(4096 + (i++ % 64) * 8192, t == 0);
+        if (p != nullptr) rt.pool().free(p);  // retain_free:0: commits and decommits too
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (uint64_t i = 0; !stop; ++i) rt.configure(i % 2 ? "headroom:1G" : "headroom:2G");
+  });
+  int children = 0;
+  std::string failed;
+  for (; children < 40 && failed.empty(); ++children) {
+    const int status = in_fork_child(
+        [&] {
+          void* p = rt.pool().try_allocate(4096);
+          if (p != nullptr) rt.pool().free(p);
+          rt.configure("headroom:3G");
+          rt.pool().check_invariants();
+        },
+        /*alarm_s=*/3);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed = describe(status);
+  }
+  stop = true;
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failed, "") << "child " << children << " of 40 (SIGALRM is 14: a lock copied held)";
 }
 
 // The process-wide instance in a fresh process (it lives for the whole process,

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The libFuzzer targets of fuzz/ (fuzz/README.md): builds them with clang++ in
+# build-fuzz/ (torch-free, ASan+UBSan, coverage-instrumented) and runs each for
+# SECONDS (default 20), printing its exec count. New inputs go to
+# build-fuzz/corpus/<target>/; the seeds in fuzz/corpus/<target>/ are only read.
+# A crash leaves its input in build-fuzz/ (crash-*) and fails the script.
+#   scripts/fuzz.sh [SECONDS] [TARGET...]   targets: config size trace (default: all)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+secs=${1:-20}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(config size trace)
+dir=build-fuzz
+if ! command -v clang++ >/dev/null 2>&1; then
+  echo "fuzz: clang++ is needed (libFuzzer); Debian: apt-get install clang" >&2
+  exit 1
+fi
+[ -f "$dir/build.ninja" ] || CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DPINS_WITH_TORCH=OFF -DPINS_BUILD_TESTS=OFF -DPINS_BUILD_PROFILING=ON -DPINS_BUILD_FUZZ=ON \
+  -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF >/dev/null
+cmake --build "$dir" --target "${targets[@]/#/pins_fuzz_}"
+status=0
+for t in "${targets[@]}"; do
+  mkdir -p "$dir/corpus/$t"
+  log="$dir/fuzz_$t.log"
+  max_len=4096
+  [ "$t" = trace ] && max_len=16384
+  if "$dir/bin/pins_fuzz_$t" -max_total_time="$secs" -print_final_stats=1 -max_len="$max_len" \
+       -dict="fuzz/$t.dict" -artifact_prefix="$dir/" "$dir/corpus/$t" "fuzz/corpus/$t" > "$log" 2>&1; then
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
+    units=$(ls "$dir/corpus/$t" | wc -l)
+    echo "fuzz $t: ok, $execs inputs in ${secs} s ($rate/s), $units new corpus entries (log: $log)"
+  else
+    echo "fuzz $t: FAILED (log: $log)"
+    grep -E "ERROR|fuzz property|Test unit written|SUMMARY|==[0-9]+==" "$log" | head -20
+    status=1
+  fi
+done
+exit $status
