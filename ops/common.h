@@ -3,6 +3,7 @@
 // what was wrong: Note [Error types] in ops/library.cpp).
 #pragma once
 
+#include <c10/core/DispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <utility>
@@ -26,5 +27,16 @@ auto translate(F&& f) -> decltype(f()) {
 inline Balancer& balancer() {
   return translate([]() -> Balancer& { return Runtime::get().balancer(); });
 }
+
+// The C++ type of a kernel that takes its DispatchKeySet first (to redispatch
+// below itself): the entry point's type F with c10::DispatchKeySet prepended.
+template <typename F>
+struct WithKeySet;
+template <typename R, typename... Args>
+struct WithKeySet<R(Args...)> {
+  using type = R(c10::DispatchKeySet, Args...);
+};
+template <typename F>
+using with_keyset_t = typename WithKeySet<F>::type;
 
 }  // namespace pins::ops

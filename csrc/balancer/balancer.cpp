@@ -1,6 +1,7 @@
 #include "csrc/balancer/balancer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <unordered_set>
 
 #include "csrc/balancer/budget.h"
@@ -15,6 +16,18 @@ const char* to_string(Subset s) {
     case Subset::Patches: return "patches";
     case Subset::WeightsLoaded: return "weights-loaded";
     case Subset::PatchesLoaded: return "patches-loaded";
+  }
+  return "?";
+}
+
+const char* to_string(Bypass b) {
+  switch (b) {
+    case Bypass::Empty: return "empty";
+    case Bypass::Refused: return "refused";
+    case Bypass::Pool: return "pool";
+    case Bypass::Busy: return "busy";
+    case Bypass::Raced: return "raced";
+    case Bypass::Forgotten: return "forgotten";
   }
   return "?";
 }
@@ -89,12 +102,13 @@ const Model& Balancer::model_locked(ModelId id, const char* what) const {
   return *it->second;
 }
 
-ModelId Balancer::register_model(std::string name, std::string load_device) {
+ModelId Balancer::register_model(std::string name, std::string load_device, ModelOptions options) {
   MutexLock g(mu_);
   auto m = std::make_unique<Model>();
   m->id = next_model_++;
   m->name = std::move(name);
   m->load_device = std::move(load_device);
+  m->options = options;
   m->load_seq = ++seq_;
   const ModelId id = m->id;
   models_.emplace(id, std::move(m));
@@ -114,6 +128,7 @@ void Balancer::unlink_locked(Pin* p, std::vector<void*>& to_free) {
   std::unique_ptr<Pin> owned = std::move(it->second);
   m.pins[s].erase(it);
   m.by_created[s].erase(p->created);
+  sources_.remove(p);
   m.stats[s].pins--;
   m.stats[s].bytes -= static_cast<int64_t>(p->bytes);
   if (p->users > 0 || p->state == PinState::Evicting) {
@@ -137,23 +152,41 @@ void Balancer::reap_orphan_locked(Pin* p, std::vector<void*>& to_free) {
   orphans_.erase(p);  // destroys p
 }
 
-void Balancer::refused_locked(ModelId model) {
-  refusals_++;
-  if (auto it = models_.find(model); it != models_.end()) it->second->refusals++;
+void Balancer::bypass_locked(ModelId model, Bypass why) {
+  const int i = static_cast<int>(why);
+  bypassed_[i]++;
+  const bool refusal = why == Bypass::Refused || why == Bypass::Pool;
+  if (refusal) refusals_++;
+  if (auto it = models_.find(model); it != models_.end()) {
+    it->second->bypassed[i]++;
+    if (refusal) it->second->refusals++;
+  }
 }
 
 size_t Balancer::drop_if_locked(Model& m, Subset s, const std::function<bool(const Pin&)>& pred,
-                                std::vector<void*>& to_free) {
+                                std::vector<void*>& to_free, bool invalidated) {
   std::vector<Pin*> doomed;  // collected first: unlinking erases from the map being walked
   for (auto& [key, p] : m.pins[static_cast<int>(s)])
     if (pred(*p)) doomed.push_back(p.get());
   size_t bytes = 0;
   for (Pin* p : doomed) {
     m.stats[static_cast<int>(s)].dropped++;
+    if (invalidated) m.stats[static_cast<int>(s)].invalidated++;
     bytes += p->bytes;
     unlink_locked(p, to_free);
   }
   return bytes;
+}
+
+void Balancer::link_locked(Model& m, std::unique_ptr<Pin> pin) {
+  Pin* p = pin.get();
+  const int s = static_cast<int>(p->subset);
+  m.pins[s].emplace(p->key, std::move(pin));
+  m.by_created[s].emplace(p->created, p);
+  sources_.add(p);
+  m.stats[s].pins++;
+  m.stats[s].bytes += static_cast<int64_t>(p->bytes);
+  m.stats[s].created++;
 }
 
 void Balancer::forget_model(ModelId model) {
@@ -181,6 +214,19 @@ void Balancer::mark_prompt(const std::vector<ModelId>& models) {
   for (ModelId id : models) models_.at(id)->in_prompt = true;
 }
 
+void Balancer::end_node() {
+  PINS_RANGE("pins::end_node");
+  std::vector<void*> blocks;
+  {
+    MutexLock g(mu_);
+    for (auto& [id, m] : models_) {
+      m->active = false;
+      drop_if_locked(*m, Subset::Patches, [](const Pin& p) { return p.state != PinState::Evicting; }, blocks);
+    }
+  }
+  free_blocks(blocks);
+}
+
 bool Balancer::prompt_running() const {
   MutexLock g(mu_);
   return prompt_;
@@ -206,8 +252,10 @@ Pin* Balancer::find_locked(Model& m, Subset s, const Request& r, std::vector<voi
   if (it == m.pins[static_cast<int>(s)].end()) return nullptr;
   Pin* p = it->second.get();
   if (p->state == PinState::Evicting) return p;  // the caller serves this cast from the source
-  const bool stale = p->version != r.version || (p->guard && !p->guard->alive()) ||
-                     (is_patch(s) && p->signature != r.signature);
+  // Note [Pin validity]. A gathered pin's parts also tell apart two groups
+  // whose keys collide: the other group is re-pinned, never served.
+  const bool stale = p->version != r.version || p->signature != r.signature || p->parts != r.parts ||
+                     (p->guard && !p->guard->alive());
   if (!stale) return p;
   m.stats[static_cast<int>(s)].dropped++;
   unlink_locked(p, to_free);
@@ -215,7 +263,6 @@ Pin* Balancer::find_locked(Model& m, Subset s, const Request& r, std::vector<voi
 }
 
 Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<SourceGuard>()>& make_guard) {
-  PINS_CHECK_VALUE(r.bytes > 0, "acquire: source bytes must be positive, got ", r.bytes);
   std::vector<void*> stale;
   Subset target;
   Lease found;  // a hit, or none with `served` for a pin busy elsewhere
@@ -223,6 +270,10 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
   {
     MutexLock g(mu_);
     Model& m = model_locked(r.model, "cast_to_device");
+    if (r.bytes == 0) {
+      bypass_locked(r.model, Bypass::Empty);
+      return {};
+    }
     if (config_.policy == PolicyKind::Trace) trace_.record({r.model, r.kind, r.key});
     m.last_use = ++clock_;
     const Subset ss = streaming_subset(r.kind), cs = cache_subset(r.kind);
@@ -243,12 +294,13 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
       } else {
         // Still being filled or evicted by another thread: serve from the source.
         busy_misses_++;
+        bypass_locked(r.model, Bypass::Busy);
         st.misses++;
         st.miss_bytes += static_cast<int64_t>(r.bytes);
       }
       served = true;
     } else {
-      const bool cache_allowed = !config_.fast_disk && config_.policy != PolicyKind::Lru;
+      const bool cache_allowed = !config_.fast_disk && !m.options.fast_disk && config_.policy != PolicyKind::Lru;
       target = target_subset(r.kind, r.resident, r.signature.has_value(), cache_allowed);
       SubsetStats& st = m.stats[static_cast<int>(target)];
       st.misses++;
@@ -262,13 +314,14 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
   // available, not the total and swap the ceiling depends on.
   const MemoryInfo mi = probe_.read();
   void* block = nullptr;
-  if (ensure_budget(r.bytes, target, mi)) {
+  const bool budget = ensure_budget(r.bytes, target, mi);
+  if (budget) {
     const bool lock = !pool_.backend().can_lock() || ensure_lock_room(r.bytes, mi);
     block = pool_.try_allocate(r.bytes, lock);
   }
   if (block == nullptr) {
     MutexLock g(mu_);
-    refused_locked(r.model);
+    bypass_locked(r.model, budget ? Bypass::Pool : Bypass::Refused);
     return {};
   }
   std::unique_ptr<SourceGuard> guard = make_guard ? make_guard() : nullptr;
@@ -281,9 +334,11 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
                                                it->second->pins[static_cast<int>(cache_subset(r.kind))].count(r.key));
     // Forgotten meanwhile, or another thread pinned the same source: copy from
     // the source (the block goes back to the pool below, outside mu_).
-    if (it != models_.end() && !raced) {
-      Model& m = *it->second;
-      const int s = static_cast<int>(target);
+    if (it == models_.end()) {
+      bypass_locked(r.model, Bypass::Forgotten);
+    } else if (raced) {
+      bypass_locked(r.model, Bypass::Raced);
+    } else {
       auto pin = std::make_unique<Pin>();
       Pin* p = pin.get();
       p->key = r.key;
@@ -293,16 +348,14 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
       p->block = block;
       p->created = ++seq_;
       p->last_use = clock_;
-      if (is_patch(target)) p->signature = r.signature;
+      p->signature = r.signature;
       p->version = r.version;
+      p->span = r.span;
+      p->parts = r.parts;
       p->guard = std::move(guard);
       p->state = PinState::Filling;
       p->users = 1;
-      m.pins[s].emplace(r.key, std::move(pin));
-      m.by_created[s].emplace(p->created, p);
-      m.stats[s].pins++;
-      m.stats[s].bytes += static_cast<int64_t>(r.bytes);
-      m.stats[s].created++;
+      link_locked(*it->second, std::move(pin));
       l.owner_ = this;
       l.pin_ = p;
       l.fill_ = true;
@@ -471,6 +524,41 @@ size_t Balancer::relieve() {
   return freed;
 }
 
+size_t Balancer::invalidate(uint64_t storage, uint64_t offset, uint64_t span) {
+  PINS_RANGE("pins::invalidate");
+  std::vector<void*> blocks;
+  size_t bytes = 0;
+  {
+    MutexLock g(mu_);
+    const uint64_t end = span > UINT64_MAX - offset ? UINT64_MAX : offset + span;
+    for (Pin* p : sources_.overlapping(storage, offset, end)) {
+      // Whatever its state: a pin being filled, evicted or page-unlocked is
+      // detached (orphaned) by unlink and never served again.
+      SubsetStats& st = stats_locked(*p);
+      st.dropped++;
+      st.invalidated++;
+      bytes += p->bytes;
+      unlink_locked(p, blocks);
+    }
+  }
+  free_blocks(blocks);
+  return bytes;
+}
+
+size_t Balancer::invalidate_model(ModelId model) {
+  PINS_RANGE("pins::invalidate_model");
+  std::vector<void*> blocks;
+  size_t bytes = 0;
+  {
+    MutexLock g(mu_);
+    Model& m = model_locked(model, "invalidate_model");
+    for (int s = 0; s < kSubsets; ++s)
+      bytes += drop_if_locked(m, static_cast<Subset>(s), [](const Pin&) { return true; }, blocks, /*invalidated=*/true);
+  }
+  free_blocks(blocks);
+  return bytes;
+}
+
 size_t Balancer::sweep() {
   std::vector<void*> blocks;
   size_t bytes = 0;
@@ -509,6 +597,9 @@ BalancerStats Balancer::stats() const {
     ModelStats ms;
     ms.id = id;
     ms.name = m->name;
+    ms.load_device = m->load_device;
+    ms.options = m->options;
+    for (int b = 0; b < kBypassReasons; ++b) ms.bypassed[b] = m->bypassed[b];
     for (int s = 0; s < kSubsets; ++s) {
       ms.subsets[s] = m->stats[s];
       ms.total += m->stats[s];
@@ -522,6 +613,8 @@ BalancerStats Balancer::stats() const {
   }
   out.refusals = refusals_;
   out.busy_misses = busy_misses_;
+  for (int b = 0; b < kBypassReasons; ++b) out.bypassed[b] = bypassed_[b];
+  out.plain_copies = plain_copies_.load(std::memory_order_relaxed);
   out.pressure_freed_bytes = pressure_freed_;
   out.relieve_calls = relieve_calls_;
   out.trace_departures = trace_.departures();

@@ -13,6 +13,7 @@
 // for copies in flight and freed outside it, and unlinked under mu_ again.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@
 
 #include "csrc/balancer/eviction.h"
 #include "csrc/balancer/registry.h"
+#include "csrc/balancer/source_index.h"
 #include "csrc/balancer/stats.h"
 #include "csrc/balancer/trace.h"
 #include "csrc/base/thread_safety.h"
@@ -60,14 +62,18 @@ class Lease {
   bool fill_ = false;
 };
 
+// One cast's request for a pin (Note [Pin validity] in registry.h says what must
+// match for a pin to serve it).
 struct Request {
   ModelId model = -1;
-  PinKey key;
-  size_t bytes = 0;
+  PinKey key;                          // the source's, or a gathered pin's own
+  size_t bytes = 0;                    // the pin's size; 0: nothing to pin (Bypass::Empty)
   Kind kind = Kind::Weights;
   bool resident = false;               // the copy stays on the device
-  std::optional<int64_t> signature;    // patch set (patches only)
-  uint64_t version = 0;                // the source's version counter now
+  std::optional<int64_t> signature;    // patch set (patches) or content signature (weights)
+  std::optional<uint64_t> version;     // the source's version counter now; none without one
+  uint64_t span = 0;                   // bytes of its storage the source reaches (0: key.nbytes)
+  std::vector<SourcePart> parts;       // a gathered pin: every source in order; empty for one
 };
 
 class Balancer {
@@ -84,7 +90,7 @@ class Balancer {
   Config config() const PINS_EXCLUDES(mu_);
 
   // ---- models
-  ModelId register_model(std::string name, std::string load_device) PINS_EXCLUDES(mu_);
+  ModelId register_model(std::string name, std::string load_device, ModelOptions options = {}) PINS_EXCLUDES(mu_);
   void forget_model(ModelId model) PINS_EXCLUDES(mu_);  // frees all its pins
   // Active: executing now. Becoming active counts as being loaded again (moves
   // the model to the front of the load order).
@@ -94,12 +100,27 @@ class Balancer {
   // ---- prompts
   void mark_prompt(const std::vector<ModelId>& models) PINS_EXCLUDES(mu_);  // starts a prompt if none
   void end_prompt() PINS_EXCLUDES(mu_);  // the boundary: clears marks, drops `patches`, rolls the trace
+  // A node boundary inside the prompt: drops the `patches` pins and clears
+  // `active` on every model; the prompt, its marks and the trace go on.
+  void end_node() PINS_EXCLUDES(mu_);
   bool prompt_running() const PINS_EXCLUDES(mu_);
 
   // ---- the cast path (DESIGN.md "Choosing and creating a pin")
-  // `make_guard` is called only when a pin is created.
+  // `make_guard` is called only when a pin is created. An empty lease means
+  // "copy from the source", counted under its Bypass reason.
   Lease acquire(const Request& r, const std::function<std::unique_ptr<SourceGuard>()>& make_guard = {})
       PINS_EXCLUDES(mu_);
+  // Counts a cast without a model (a plain copy by request). Lock-free.
+  void count_plain_copy() { plain_copies_.fetch_add(1, std::memory_order_relaxed); }
+
+  // ---- staleness the version counter cannot see (Note [Pin validity])
+  // Drops every pin, of any model and subset, with a source whose bytes overlap
+  // [offset, offset + span) of `storage` (Note [Source index]); returns their
+  // bytes. A leased pin, or one being evicted, is detached: never served again,
+  // freed when its holder lets go.
+  size_t invalidate(uint64_t storage, uint64_t offset, uint64_t span) PINS_EXCLUDES(mu_);
+  // Drops every pin of `model` (which stays registered); returns their bytes.
+  size_t invalidate_model(ModelId model) PINS_EXCLUDES(mu_);
 
   // ---- budget (DESIGN.md "Budget", budget.h)
   // Frees at least `bytes`: pins of dead sources first, then along tiers 1-4
@@ -141,10 +162,14 @@ class Balancer {
   void free_blocks(const std::vector<void*>& blocks) PINS_EXCLUDES(mu_);  // into the pool, outside mu_
   SubsetStats& stats_locked(const Pin& p) PINS_REQUIRES(mu_);  // its model's counters for its subset
   void reap_orphan_locked(Pin* p, std::vector<void*>& to_free) PINS_REQUIRES(mu_);  // frees a detached pin
-  void refused_locked(ModelId model) PINS_REQUIRES(mu_);  // counts a refusal (the model may be gone)
-  // Drops (counted as `dropped`) the pins of m's subset s that match; returns their bytes.
+  // Counts a cast served from the source (the model may be gone).
+  void bypass_locked(ModelId model, Bypass why) PINS_REQUIRES(mu_);
+  // Drops (counted as `dropped`, and `invalidated` when asked) the pins of m's
+  // subset s that match; returns their bytes.
   size_t drop_if_locked(Model& m, Subset s, const std::function<bool(const Pin&)>& pred,
-                        std::vector<void*>& to_free) PINS_REQUIRES(mu_);
+                        std::vector<void*>& to_free, bool invalidated = false) PINS_REQUIRES(mu_);
+  // Links a new pin into its model's subset and the source index.
+  void link_locked(Model& m, std::unique_ptr<Pin> pin) PINS_REQUIRES(mu_);
 
   HostPool& pool_;     // must outlive the balancer
   MemoryProbe& probe_;  // must outlive the balancer
@@ -152,6 +177,7 @@ class Balancer {
   mutable Mutex mu_;
   Config config_ PINS_GUARDED_BY(mu_);
   Models models_ PINS_GUARDED_BY(mu_);
+  SourceIndex sources_ PINS_GUARDED_BY(mu_);  // every linked pin by source storage (Note [Source index])
   std::unordered_map<Pin*, std::unique_ptr<Pin>> orphans_ PINS_GUARDED_BY(mu_);  // detached pins with leases out
   ModelId next_model_ PINS_GUARDED_BY(mu_) = 0;
   uint64_t seq_ PINS_GUARDED_BY(mu_) = 0;    // load order and pin creation order
@@ -163,6 +189,8 @@ class Balancer {
   int64_t pressure_freed_ PINS_GUARDED_BY(mu_) = 0;  // SUM bytes freed by relieve()
   int64_t relieve_calls_ PINS_GUARDED_BY(mu_) = 0;   // COUNT
   int64_t busy_misses_ PINS_GUARDED_BY(mu_) = 0;     // COUNT hits on a pin still filling
+  int64_t bypassed_[kBypassReasons] PINS_GUARDED_BY(mu_) = {};  // COUNT by reason, forgotten models included
+  std::atomic<int64_t> plain_copies_{0};              // COUNT casts without a model
 };
 
 }  // namespace pins

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace pins {
 
@@ -55,6 +56,18 @@ struct PinKeyHash {
   }
 };
 
+// One source of a pin: its identity (key), the bytes of its storage it reaches
+// from key.offset (`span`: key.nbytes for a contiguous source, more for a strided
+// view, what invalidate() compares against) and its version counter when the pin
+// was made (none for a source without one, such as an inference tensor). A
+// gathered pin (several sources in one block) holds one per source, in order.
+struct SourcePart {
+  PinKey key;
+  uint64_t span = 0;
+  std::optional<uint64_t> version;
+  bool operator==(const SourcePart&) const = default;
+};
+
 // Whether a pin's source still exists. The torch layer implements it with a weak
 // reference to the source's storage, so a pin never outlives (or is served for a
 // new storage at the address of) a dead one. nullptr: always alive (simulator).
@@ -66,6 +79,27 @@ class SourceGuard {
 
 enum class PinState { Filling, Live, Evicting };
 
+// Why a cast for a registered model was served straight from its source, not
+// through a pin (Note [Cast path] in ops/cast_to_device/cast_to_device.cpp).
+enum class Bypass : int {
+  Empty = 0,      // the source has no bytes
+  Refused = 1,    // the budget refused a new pin (DESIGN.md "Budget")
+  Pool = 2,       // the host pool refused the block (its cap, or the OS)
+  Busy = 3,       // the source's pin is being filled or evicted by another thread
+  Raced = 4,      // another thread pinned the same source while this one made room
+  Forgotten = 5,  // the model was forgotten while its pin was being made
+};
+constexpr int kBypassReasons = 6;
+const char* to_string(Bypass b);
+
+// Note [Pin validity]
+// A pin serves a cast only while all of these match the request (else it is
+// stale: dropped and made again): its source's storage (held weakly by the
+// guard: a dead storage never matches), byte offset, size and layout (the key),
+// the version counter where the source has one, and the caller's signature,
+// absent or not (a patch set for patches, a content signature for weights). A
+// gathered pin compares every part. Writes that bypass the version counter are
+// the caller's to report, with Balancer::invalidate or a new signature.
 struct Pin {
   PinKey key;
   Subset subset = Subset::Weights;
@@ -74,8 +108,10 @@ struct Pin {
   void* block = nullptr;                  // pool block (null in dry runs of the simulator)
   uint64_t created = 0;                   // creation order, global
   uint64_t last_use = 0;                  // balancer clock at last hit or fill
-  std::optional<int64_t> signature;       // patch set, for patches-loaded
-  uint64_t version = 0;                   // the source's version counter when filled
+  std::optional<int64_t> signature;       // the caller's signature (Note [Pin validity])
+  std::optional<uint64_t> version;        // the source's version counter when made; none without one
+  uint64_t span = 0;                      // bytes of its storage the source reaches (0: key.nbytes)
+  std::vector<SourcePart> parts;          // a gathered pin: its sources in order; empty for one source
   std::unique_ptr<SourceGuard> guard;
   PinState state = PinState::Filling;
   int users = 0;                          // leases out (copies being issued)
@@ -94,7 +130,8 @@ struct SubsetStats {
   int64_t created = 0;         // COUNT pins created
   int64_t evictions[kTiers] = {};  // COUNT evictions by tier (index tier-1)
   int64_t evicted_bytes = 0;   // SUM
-  int64_t dropped = 0;         // COUNT pins dropped for a stale source, signature change, prompt boundary, forget
+  int64_t dropped = 0;         // COUNT pins dropped: stale, node/prompt boundary, forget, invalidate
+  int64_t invalidated = 0;     // COUNT of those, by invalidate() or invalidate_model()
   int64_t lock_drops = 0;      // COUNT page-lock drops (registration ceiling)
   int64_t inflight_skips = 0;  // COUNT eviction candidates skipped for a copy in flight or a lease
 
@@ -114,21 +151,29 @@ struct SubsetStats {
     for (int t = 0; t < kTiers; ++t) evictions[t] += o.evictions[t];
     evicted_bytes += o.evicted_bytes;
     dropped += o.dropped;
+    invalidated += o.invalidated;
     lock_drops += o.lock_drops;
     inflight_skips += o.inflight_skips;
     return *this;
   }
 };
 
+// What a caller says about a model when registering it.
+struct ModelOptions {
+  bool fast_disk = false;  // its weights reload fast from disk: no new pins in its -loaded subsets
+};
+
 struct Model {
   ModelId id = -1;
   std::string name;
   std::string load_device;
+  ModelOptions options;
   uint64_t load_seq = 0;        // larger: loaded more recently
   uint64_t last_use = 0;
   bool in_prompt = false;
   bool active = false;
-  int64_t refusals = 0;         // COUNT pins the budget refused
+  int64_t refusals = 0;         // COUNT pins the budget or the pool refused
+  int64_t bypassed[kBypassReasons] = {};  // COUNT casts served from the source, by reason
   SubsetStats stats[kSubsets];
   std::unordered_map<PinKey, std::unique_ptr<Pin>, PinKeyHash> pins[kSubsets];
   std::map<uint64_t, Pin*> by_created[kSubsets];  // newest last
@@ -136,5 +181,18 @@ struct Model {
 
 // Every registered model, by id.
 using Models = std::map<ModelId, std::unique_ptr<Model>>;
+
+// Calls f(key, span) for every source of `p`: its own key, or each part of a
+// gathered pin. Empty sources (span 0) are left out: they overlap nothing.
+template <typename F>
+void for_each_source(const Pin& p, F&& f) {
+  if (p.parts.empty()) {
+    const uint64_t span = p.span != 0 ? p.span : p.key.nbytes;
+    if (span != 0) f(p.key, span);
+    return;
+  }
+  for (const SourcePart& s : p.parts)
+    if (s.span != 0) f(s.key, s.span);
+}
 
 }  // namespace pins

@@ -15,24 +15,42 @@ namespace pins {
 struct ModelStats {
   ModelId id = -1;
   std::string name;                // as registered
+  std::string load_device;         // as registered
+  ModelOptions options;            // as registered
   SubsetStats subsets[kSubsets];   // indexed by Subset
   SubsetStats total;               // the four subsets summed
-  int64_t refusals = 0;            // COUNT pins the budget refused
+  int64_t refusals = 0;            // COUNT pins the budget or the pool refused
+  int64_t bypassed[kBypassReasons] = {};  // COUNT casts served from the source, by Bypass
   bool active = false;             // level: executing now
   bool in_prompt = false;          // level: marked by the current prompt
+
+  int64_t bypassed_all() const {  // COUNT casts served from the source, every reason
+    int64_t n = 0;
+    for (int64_t b : bypassed) n += b;
+    return n;
+  }
 };
 
 struct BalancerStats {
   std::vector<ModelStats> models;  // every registered model, by id
   SubsetStats subsets[kSubsets];   // each subset summed over the models
   SubsetStats total;               // every model and subset summed
-  int64_t refusals = 0;            // COUNT pins the budget refused, forgotten models included
+  int64_t refusals = 0;            // COUNT pins the budget or the pool refused, forgotten models included
   int64_t busy_misses = 0;         // COUNT hits on a pin still filling or being evicted
+  int64_t bypassed[kBypassReasons] = {};  // COUNT casts for a model served from the source, by Bypass,
+                                          // forgotten models included
+  int64_t plain_copies = 0;        // COUNT casts without a model (model=-1): plain copies by request
   int64_t pressure_freed_bytes = 0;  // SUM bytes freed by relieve()
   int64_t relieve_calls = 0;       // COUNT
   int64_t trace_departures = 0;    // COUNT prompts that departed from every record (Note [Trace policy])
   int64_t trace_records = 0;       // level: prompt records kept
   bool prompt = false;             // level: a prompt is running
+
+  int64_t bypassed_all() const {  // COUNT casts for a model served from the source, every reason
+    int64_t n = 0;
+    for (int64_t b : bypassed) n += b;
+    return n;
+  }
 };
 
 }  // namespace pins

@@ -8,9 +8,11 @@
 // (RuntimeError). Both name what was wrong.
 #pragma once
 
-#include <pins/ops/cast_to_device.h>  // IWYU pragma: export
-#include <pins/ops/configure.h>       // IWYU pragma: export
-#include <pins/ops/free_pins.h>       // IWYU pragma: export
-#include <pins/ops/models.h>          // IWYU pragma: export
-#include <pins/ops/prompt.h>          // IWYU pragma: export
-#include <pins/ops/stats.h>           // IWYU pragma: export
+#include <pins/ops/cast_many_to_device.h>  // IWYU pragma: export
+#include <pins/ops/cast_to_device.h>       // IWYU pragma: export
+#include <pins/ops/configure.h>            // IWYU pragma: export
+#include <pins/ops/free_pins.h>            // IWYU pragma: export
+#include <pins/ops/invalidate.h>           // IWYU pragma: export
+#include <pins/ops/models.h>               // IWYU pragma: export
+#include <pins/ops/prompt.h>               // IWYU pragma: export
+#include <pins/ops/stats.h>                // IWYU pragma: export

@@ -1,142 +1,173 @@
-// pins::cast_to_device: the cast path of DESIGN.md "Choosing and creating a pin".
+// pins::cast_to_device and its out= overload: the cast path of DESIGN.md
+// "Choosing and creating a pin".
 //
 // Note [Cast path]
-// model == -1 is a plain copy. Otherwise the balancer looks the source up (the
-// streaming subset, then an existing -loaded pin) or creates a pin within the
-// budget; a refused or busy pin means a direct copy from the source. A new pin
-// is filled from the source (as raw bytes, in the source's dtype), then the pin
-// is copied to the device (non_blocking when asked, with a fence recorded on the
-// device's current stream so the pin is neither evicted nor reused until the copy
-// is done), and a dtype conversion, if any, runs on the copy, exactly as
-// `source.to(device).to(dtype)` would.
+// model == -1 is a plain copy (counted as `plain_copies`). Otherwise the
+// balancer looks the source up (the streaming subset, then an existing -loaded
+// pin) or creates a pin within the budget. A cast the balancer does not serve
+// through a pin is copied straight from the source and counted under its reason
+// (`bypassed.<reason>`, Bypass in csrc/balancer/registry.h): an empty source, a
+// refusal of the budget or the pool, a pin busy being filled or evicted by
+// another thread, a race with another thread pinning the same source, a model
+// forgotten meanwhile. A new pin is filled from the source (as raw bytes, in
+// the source's dtype), then the pin is copied to the device (non_blocking when
+// asked, with a fence recorded on the device's current stream so the pin is
+// neither evicted nor reused until the copy is done), and a dtype conversion,
+// if any, runs on the copy, exactly as `source.to(device).to(dtype)` would.
+// The out= overload writes that same result into the caller's tensor, on the
+// current stream: one copy from the pin when no conversion is needed, else the
+// copy and then the conversion into `out`.
 //
-// Sources: a CPU, strided, non-quantized tensor; anything else is a
-// c10::ValueError naming the argument, as is any other bad argument value (Note
-// [Error types] in ops/library.cpp). The result never requires grad: pins
+// Sources: a CPU, strided, non-quantized tensor with a storage; anything else
+// is a c10::ValueError naming the argument, as is any other bad argument value
+// (Note [Error types] in ops/library.cpp). The result never requires grad: pins
 // serves weights for inference. A non-contiguous source is pinned as a
 // contiguous copy of its elements (keyed by its layout too), and the result is
-// contiguous. A pin is tied to its source's storage through a weak
-// reference and to its version counter, so a source that died or was written
-// in place is re-pinned, never served stale. Inference tensors have no version
-// counter: they are copied directly, never pinned.
+// contiguous. A pin serves a cast only while Note [Pin validity]
+// (csrc/balancer/registry.h) holds: same storage (held weakly), offset, size,
+// layout, version counter where the source has one (inference tensors have
+// none: pinned all the same), and the caller's signature. Writes the version
+// counter does not see are the caller's to report (pins::invalidate, a new
+// signature).
 #include <pins/ops/cast_to_device.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
 #include <type_traits>
 
 #include "csrc/base/nvtx.h"
-#include "ops/allocator/torch_allocator.h"
 #include "ops/common.h"
+#include "ops/source.h"
 
 namespace pins::ops {
 namespace {
 
-class StorageGuard final : public SourceGuard {
- public:
-  explicit StorageGuard(const c10::Storage& s) : weak_(s.getWeakStorageImpl()) {}
-  bool alive() const override { return !weak_.expired(); }
-
- private:
-  c10::weak_intrusive_ptr<c10::StorageImpl> weak_;
-};
-
-uint64_t layout_hash(const at::Tensor& t) {
-  if (t.is_contiguous()) return 0;
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
-  for (int64_t s : t.sizes()) mix(s);
-  for (int64_t s : t.strides()) mix(s);
-  return h | 1;
-}
-
-at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
-                      bool non_blocking) {
-  at::Tensor out =
-      at::empty(source.sizes(), source.options().device(device).memory_format(at::MemoryFormat::Contiguous));
-  out.copy_(source, non_blocking);
-  return dtype && *dtype != source.scalar_type() ? out.to(*dtype) : out;
-}
-
-at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
-                                 bool non_blocking, int64_t model, c10::string_view kind, bool resident,
-                                 std::optional<int64_t> signature) {
-  TORCH_CHECK_VALUE(source.defined(), "cast_to_device: source is an undefined tensor");
-  // Weights are served for inference: no autograd graph through the pin copies.
-  at::NoGradGuard no_grad;
-  TORCH_CHECK_VALUE(source.layout() == c10::kStrided,
-                    "cast_to_device: source must be a dense (strided) tensor, got layout ", source.layout());
-  TORCH_CHECK_VALUE(!source.is_quantized(), "cast_to_device: source must not be quantized, got dtype ",
-                    source.scalar_type());
-  TORCH_CHECK_VALUE(source.device().is_cpu(), "cast_to_device: source must be a CPU tensor, got device ",
-                    source.device());
-  Kind k;
-  if (kind == "weights") {
-    k = Kind::Weights;
-  } else if (kind == "patches") {
-    k = Kind::Patches;
-  } else {
-    TORCH_CHECK_VALUE(false, "cast_to_device: kind must be 'weights' or 'patches', got '", kind, "'");
-  }
-  TORCH_CHECK_VALUE(!signature || k == Kind::Patches,
-                    "cast_to_device: signature identifies a patch set and needs kind='patches', got kind='weights' "
-                    "with signature ",
-                    *signature);
-  TORCH_CHECK_VALUE(model >= -1, "cast_to_device: model must be a registered model id or -1, got ", model);
-  if (model == -1) return plain_copy(source, device, dtype, non_blocking);
-
-  PINS_RANGE("pins::cast_to_device");
-  Balancer& bal = balancer();
-  TORCH_CHECK_VALUE(bal.has_model(model), "cast_to_device: model ", model, " is not registered");
-  const size_t nbytes = static_cast<size_t>(source.numel()) * source.element_size();
-  if (nbytes == 0 || source.is_inference()) return plain_copy(source, device, dtype, non_blocking);
-
+// The pin of one source for `model`, or an empty lease (copy from the source).
+Lease acquire_pin(Balancer& bal, const at::Tensor& source, int64_t model, Kind kind, bool resident,
+                  std::optional<int64_t> signature) {
+  const SourcePart part = source_part(source);
   Request r;
   r.model = model;
-  r.key = PinKey{reinterpret_cast<uint64_t>(source.storage().unsafeGetStorageImpl()),
-                 static_cast<uint64_t>(source.storage_offset()) * source.element_size(), nbytes, layout_hash(source)};
-  r.bytes = nbytes;
-  r.kind = k;
+  r.key = part.key;
+  r.bytes = part.key.nbytes;  // 0: counted as Bypass::Empty
+  r.kind = kind;
   r.resident = resident;
   r.signature = signature;
-  r.version = source._version();
-  Lease lease =
-      translate([&] { return bal.acquire(r, [&] { return std::make_unique<StorageGuard>(source.storage()); }); });
-  if (!lease) return plain_copy(source, device, dtype, non_blocking);
+  r.version = part.version;
+  r.span = part.span;
+  return translate([&] { return bal.acquire(r, [&] { return storage_guard({source}); }); });
+}
 
-  at::Tensor pin =
-      at::from_blob(lease.data(), source.sizes(), source.options().memory_format(at::MemoryFormat::Contiguous));
+// What a cast copies from: its pin, filled if new, or (no lease) the source.
+at::Tensor pinned_or_source(Lease& lease, const at::Tensor& source) {
+  if (!lease) return source;
+  at::Tensor pin = pin_view(lease, 0, source);
   if (lease.needs_fill()) {
     PINS_RANGE("pins::fill");
     pin.copy_(source);
     lease.filled();
   }
-  at::Tensor out = plain_copy(pin, device, dtype, non_blocking);
-  if (non_blocking && !out.device().is_cpu()) {
-    // The copy (and the conversion after it, on the same stream) may still be
-    // reading the pin when we return: fence it.
-    const c10::Stream stream = c10::impl::VirtualGuardImpl(out.device().type()).getStream(out.device());
-    record_stream(lease.data(), stream);
+  return pin;
+}
+
+// The lease of a cast with a model, or an empty one after counting a plain copy.
+Lease lease_for(const at::Tensor& source, int64_t model, Kind kind, bool resident, std::optional<int64_t> signature,
+                const char* op) {
+  Balancer& bal = balancer();
+  if (model == -1) {
+    bal.count_plain_copy();
+    return {};
   }
+  TORCH_CHECK_VALUE(bal.has_model(model), op, ": model ", model, " is not registered");
+  return acquire_pin(bal, source, model, kind, resident, signature);
+}
+
+at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
+                                 bool non_blocking, int64_t model, c10::string_view kind, bool resident,
+                                 std::optional<int64_t> signature) {
+  check_source(source, "cast_to_device", "source");
+  const Kind k = check_cast_args("cast_to_device", model, kind);
+  // Weights are served for inference: no autograd graph through the pin copies.
+  at::NoGradGuard no_grad;
+  PINS_RANGE("pins::cast_to_device");
+  Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
+  at::Tensor out = plain_copy(pinned_or_source(lease, source), device, dtype, non_blocking);
+  if (lease) fence(lease, out.device(), non_blocking);
+  return out;
+}
+
+// `device` names `actual`: the same type, and the same index when it has one.
+bool names_device(c10::Device device, c10::Device actual) {
+  return device.type() == actual.type() && (!device.has_index() || device.index() == actual.index());
+}
+
+at::Tensor& cast_to_device_out_kernel(const at::Tensor& source, c10::Device device,
+                                      std::optional<c10::ScalarType> dtype, bool non_blocking, int64_t model,
+                                      c10::string_view kind, bool resident, std::optional<int64_t> signature,
+                                      at::Tensor& out) {
+  check_source(source, "cast_to_device", "source");
+  const Kind k = check_cast_args("cast_to_device", model, kind);
+  TORCH_CHECK_VALUE(out.defined(), "cast_to_device: out is an undefined tensor");
+  TORCH_CHECK_VALUE(out.layout() == c10::kStrided, "cast_to_device: out must be a dense (strided) tensor, got layout ",
+                    out.layout());
+  TORCH_CHECK_VALUE(names_device(device, out.device()), "cast_to_device: out must be on the device ", device,
+                    ", got out on ", out.device());
+  TORCH_CHECK_VALUE(out.sizes() == source.sizes(), "cast_to_device: out must have the source's shape ", source.sizes(),
+                    ", got out of shape ", out.sizes());
+  const c10::ScalarType want = dtype.value_or(source.scalar_type());
+  TORCH_CHECK_VALUE(out.scalar_type() == want, "cast_to_device: out must have dtype ", want,
+                    dtype ? " (the dtype argument)" : " (the source's, no dtype given)", ", got out of dtype ",
+                    out.scalar_type());
+  at::NoGradGuard no_grad;
+  PINS_RANGE("pins::cast_to_device.out");
+  Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
+  const at::Tensor from = pinned_or_source(lease, source);
+  if (from.scalar_type() == out.scalar_type()) {
+    out.copy_(from, non_blocking);
+  } else {
+    // As cast_to_device: the copy in the source's dtype, then the conversion on the device.
+    out.copy_(plain_copy(from, out.device(), std::nullopt, non_blocking));
+  }
+  if (lease) fence(lease, out.device(), non_blocking);
   return out;
 }
 
 // Not differentiable: below autograd, so the result of a source that requires
 // grad (a Parameter) is a plain tensor, not a graph node that cannot backprop.
-at::Tensor cast_to_device_autograd(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
-                                   bool non_blocking, int64_t model, c10::string_view kind, bool resident,
-                                   std::optional<int64_t> signature) {
+// One redispatch below ADInplaceOrView (the op is functional), not a new call
+// from the top; the guard keeps the kernel's own ops below autograd too.
+at::Tensor cast_to_device_autograd(c10::DispatchKeySet ks, const at::Tensor& source, c10::Device device,
+                                   std::optional<c10::ScalarType> dtype, bool non_blocking, int64_t model,
+                                   c10::string_view kind, bool resident, std::optional<int64_t> signature) {
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("pins::cast_to_device", "").typed<decltype(cast_to_device)>();
   at::AutoDispatchBelowADInplaceOrView below;
-  return cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature);
+  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, source, device, dtype, non_blocking, model, kind,
+                       resident, signature);
 }
 
-// The kernels take exactly the entry point's (the schema's) C++ types.
+// The out= overload writes `out`: redispatched below autograd only, so the
+// ADInplaceOrView fallthrough stays on the path, and the copy into `out` (run
+// without grad mode) bumps out's version counter as any in-place write does.
+at::Tensor& cast_to_device_out_autograd(c10::DispatchKeySet ks, const at::Tensor& source, c10::Device device,
+                                        std::optional<c10::ScalarType> dtype, bool non_blocking, int64_t model,
+                                        c10::string_view kind, bool resident, std::optional<int64_t> signature,
+                                        at::Tensor& out) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pins::cast_to_device", "out")
+                       .typed<decltype(cast_to_device_outf)>();
+  return op.redispatch(ks & c10::after_autograd_keyset, source, device, dtype, non_blocking, model, kind, resident,
+                       signature, out);
+}
+
+// The kernels take exactly the entry points' (the schemas') C++ types.
 static_assert(std::is_same_v<decltype(cast_to_device_kernel), decltype(cast_to_device)>);
-static_assert(std::is_same_v<decltype(cast_to_device_autograd), decltype(cast_to_device)>);
+static_assert(std::is_same_v<decltype(cast_to_device_autograd), with_keyset_t<decltype(cast_to_device)>>);
+static_assert(std::is_same_v<decltype(cast_to_device_out_kernel), decltype(cast_to_device_outf)>);
+static_assert(std::is_same_v<decltype(cast_to_device_out_autograd), with_keyset_t<decltype(cast_to_device_outf)>>);
 
 }  // namespace
 
@@ -148,21 +179,44 @@ at::Tensor cast_to_device(const at::Tensor& source, c10::Device device, std::opt
   return op.call(source, device, dtype, non_blocking, model, kind, resident, signature);
 }
 
+at::Tensor& cast_to_device_outf(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
+                                bool non_blocking, int64_t model, c10::string_view kind, bool resident,
+                                std::optional<int64_t> signature, at::Tensor& out) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pins::cast_to_device", "out")
+                       .typed<decltype(cast_to_device_outf)>();
+  return op.call(source, device, dtype, non_blocking, model, kind, resident, signature, out);
+}
+
+at::Tensor& cast_to_device_out(at::Tensor& out, const at::Tensor& source, c10::Device device,
+                               std::optional<c10::ScalarType> dtype, bool non_blocking, int64_t model,
+                               c10::string_view kind, bool resident, std::optional<int64_t> signature) {
+  return cast_to_device_outf(source, device, dtype, non_blocking, model, kind, resident, signature, out);
+}
+
 }  // namespace pins::ops
 
 TORCH_LIBRARY_FRAGMENT(pins, m) {
   m.def(
       "cast_to_device(Tensor source, Device device, ScalarType? dtype=None, bool non_blocking=False, "
       "int model=-1, str kind=\"weights\", bool resident=False, int? signature=None) -> Tensor");
+  // An out variant (torch.Tag.out): torch.compile functionalizes it.
+  m.def(
+      "cast_to_device.out(Tensor source, Device device, ScalarType? dtype=None, bool non_blocking=False, "
+      "int model=-1, str kind=\"weights\", bool resident=False, int? signature=None, *, Tensor(a!) out) "
+      "-> Tensor(a!)",
+      {at::Tag::out});
 }
 
 // One kernel for every backend: the source's device is checked in the kernel,
 // so a wrong-device source gets an error naming it instead of a missing-kernel
-// error. The fake kernel for tracing is in python_bindings/torch_pins/_fake.py.
+// error. The fake kernels for tracing are in python_bindings/torch_pins/_fake.py.
 TORCH_LIBRARY_IMPL(pins, CompositeExplicitAutograd, m) {
   m.impl("cast_to_device", &pins::ops::cast_to_device_kernel);
+  m.impl("cast_to_device.out", &pins::ops::cast_to_device_out_kernel);
 }
 
 TORCH_LIBRARY_IMPL(pins, Autograd, m) {
   m.impl("cast_to_device", &pins::ops::cast_to_device_autograd);
+  m.impl("cast_to_device.out", &pins::ops::cast_to_device_out_autograd);
 }

@@ -1,5 +1,8 @@
 // pins::register_model, pins::forget_model, pins::set_active: the models the
-// balancer keeps pins for. An id that names no registered model is a
+// balancer keeps pins for. Per-model options (ModelOptions in
+// csrc/balancer/registry.h) are given at registration: fast_disk, the one
+// setting of ComfyUI's ModelPatcher that maps to the balancer (its weights
+// reload fast from disk: no -loaded pins for it). An id that names no registered model is a
 // pins::ValueError from the balancer, a c10::ValueError here (Note [Error types]
 // in ops/library.cpp).
 #include <pins/ops/models.h>
@@ -15,9 +18,11 @@
 namespace pins::ops {
 namespace {
 
-int64_t register_model_kernel(c10::string_view name, c10::Device load_device) {
+int64_t register_model_kernel(c10::string_view name, c10::Device load_device, bool fast_disk) {
   TORCH_CHECK_VALUE(!name.empty(), "register_model: name must not be empty");
-  return translate([&] { return balancer().register_model(std::string(name), load_device.str()); });
+  ModelOptions options;
+  options.fast_disk = fast_disk;
+  return translate([&] { return balancer().register_model(std::string(name), load_device.str(), options); });
 }
 
 void forget_model_kernel(int64_t model) {
@@ -38,10 +43,10 @@ static_assert(std::is_same_v<decltype(set_active_kernel), decltype(set_active)>)
 
 }  // namespace
 
-int64_t register_model(c10::string_view name, c10::Device load_device) {
+int64_t register_model(c10::string_view name, c10::Device load_device, bool fast_disk) {
   static auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("pins::register_model", "").typed<decltype(register_model)>();
-  return op.call(name, load_device);
+  return op.call(name, load_device, fast_disk);
 }
 
 void forget_model(int64_t model) {
@@ -58,7 +63,7 @@ void set_active(int64_t model, bool active) {
 }  // namespace pins::ops
 
 TORCH_LIBRARY_FRAGMENT(pins, m) {
-  m.def("register_model(str name, Device load_device) -> int", &pins::ops::register_model_kernel);
+  m.def("register_model(str name, Device load_device, bool fast_disk=False) -> int", &pins::ops::register_model_kernel);
   m.def("forget_model(int model) -> ()", &pins::ops::forget_model_kernel);
   m.def("set_active(int model, bool active) -> ()", &pins::ops::set_active_kernel);
 }

@@ -1,4 +1,5 @@
-// pins::mark_prompt and pins::end_prompt: the prompt boundary. An id that names
+// pins::mark_prompt, pins::end_prompt and pins::end_node: the prompt and node
+// boundaries. An id that names
 // no registered model is a c10::ValueError, and mark_prompt then marks none
 // (Note [Error types] in ops/library.cpp).
 #include <pins/ops/prompt.h>
@@ -27,7 +28,17 @@ void end_prompt_kernel() {
   });
 }
 
+void end_node_kernel() {
+  translate([&] {
+    Balancer& b = balancer();
+    b.end_node();  // drops `patches`, clears `active`; the prompt goes on
+    b.sweep();     // pins of sources that died during the node
+    b.relieve();   // the RAM-pressure check
+  });
+}
+
 static_assert(std::is_same_v<decltype(mark_prompt_kernel), decltype(mark_prompt)>);
+static_assert(std::is_same_v<decltype(end_node_kernel), decltype(end_node)>);
 static_assert(std::is_same_v<decltype(end_prompt_kernel), decltype(end_prompt)>);
 
 }  // namespace
@@ -43,9 +54,15 @@ void end_prompt() {
   op.call();
 }
 
+void end_node() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("pins::end_node", "").typed<decltype(end_node)>();
+  op.call();
+}
+
 }  // namespace pins::ops
 
 TORCH_LIBRARY_FRAGMENT(pins, m) {
   m.def("mark_prompt(int[] models) -> ()", &pins::ops::mark_prompt_kernel);
   m.def("end_prompt() -> ()", &pins::ops::end_prompt_kernel);
+  m.def("end_node() -> ()", &pins::ops::end_node_kernel);
 }

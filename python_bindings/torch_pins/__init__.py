@@ -6,11 +6,21 @@ Load the library and use the ops::
     unet = pins.register_model("unet", "cuda:0")
     with pins.prompt([unet]):
         w = pins.cast_to_device(weight, "cuda:0", model=unet, non_blocking=True)
-    print(pins.stats())
+        w, b = pins.cast_many_to_device([layer.weight, layer.bias], "cuda:0", model=unet)
+        pins.end_node()
+    print(pins.summary())
 
 Every function here calls the torch op of the same name (``torch.ops.pins.*``),
 so Python, TorchScript and C++ run the same code. Configuration comes from the
 ``PINS_CONF`` environment variable or :func:`configure`.
+
+Staleness: a pin is valid for its source's storage (held weakly), byte offset,
+size, layout, version counter where the source has one (inference tensors have
+none and are pinned all the same) and the caller's ``signature``. A write that
+the version counter does not see (through ``.data``, a numpy alias, ``set_()``,
+``untyped_storage().copy_()``, any in-place write to an inference tensor, a file
+rewritten under its mmap) is the caller's to report: :func:`invalidate`,
+:func:`invalidate_model`, or a new ``signature``.
 
 Errors: a bad value of an argument or of the configuration (a source that is not
 a dense, non-quantized CPU tensor, an unknown ``kind``, a negative byte count, a
@@ -20,7 +30,7 @@ raises ``ValueError``; a request that cannot be served in the current state
 ``RuntimeError``. Both say what was wrong and the value it got.
 """
 import contextlib
-from typing import Dict, Iterable, Iterator, Optional, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 import torch
 
@@ -29,10 +39,12 @@ from ._version import __version__
 
 _library.load()
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
+from . import _subclass  # noqa: E402  (tensor wrapper subclasses: Note [Wrapper subclasses])
 
 __all__ = [
-    "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "prompt",
-    "cast_to_device", "free_pins", "stats", "Stats", "configure", "library_path", "__version__",
+    "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "end_node", "prompt",
+    "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "stats", "Stats",
+    "summary", "configure", "library_path", "__version__",
 ]
 
 library_path = _library.library_path
@@ -40,12 +52,26 @@ _ops = torch.ops.pins
 DeviceLike = Union[torch.device, str, int]
 
 
-def register_model(name: str, load_device: DeviceLike) -> int:
+def _check_signature(op: str, signature: Optional[int]) -> None:
+    # The op takes an int64 or None; a clear error here rather than the
+    # overload resolver's RuntimeError.
+    if signature is None:
+        return
+    if isinstance(signature, bool) or not isinstance(signature, int) or not -(1 << 63) <= signature < (1 << 63):
+        raise ValueError(f"{op}: signature must be None or an int64, got {type(signature).__name__} {signature!r}")
+
+
+def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False) -> int:
     """Registers a model (weights that load and unload together) and returns its id.
 
-    ``load_device`` is the device its weights are cast to. A model registered
-    later counts as loaded more recently (see the eviction order in DESIGN.md)."""
-    return _ops.register_model(name, torch.device(load_device))
+    ``load_device`` is the device its weights are cast to. ``fast_disk``: its
+    weights reload fast from disk, so the model gets no ``-loaded`` pins (the
+    ``fast_disk`` configuration key, for this model only). A model registered
+    later counts as loaded more recently (see the eviction order in DESIGN.md).
+    Names may repeat: :func:`stats` keys a repeated name ``<name>#<id>``."""
+    if not isinstance(fast_disk, bool):
+        raise ValueError(f"register_model: fast_disk must be a bool, got {type(fast_disk).__name__} {fast_disk!r}")
+    return _ops.register_model(name, torch.device(load_device), fast_disk)
 
 
 def forget_model(model: int) -> None:
@@ -69,6 +95,13 @@ def end_prompt() -> None:
     _ops.end_prompt()
 
 
+def end_node() -> None:
+    """A node boundary inside a prompt (ComfyUI ends one after every node): drops
+    the ``patches`` pins, clears ``active`` on every model, drops pins of sources
+    that died and runs the RAM-pressure check. The prompt goes on."""
+    _ops.end_node()
+
+
 @contextlib.contextmanager
 def prompt(models: Iterable[int] = ()) -> Iterator[None]:
     """``with pins.prompt([unet, vae]):`` marks the models for the block and ends
@@ -82,7 +115,8 @@ def prompt(models: Iterable[int] = ()) -> Iterator[None]:
 
 def cast_to_device(source: torch.Tensor, device: DeviceLike, dtype: Optional[torch.dtype] = None,
                    non_blocking: bool = False, model: int = -1, kind: str = "weights",
-                   resident: bool = False, signature: Optional[int] = None) -> torch.Tensor:
+                   resident: bool = False, signature: Optional[int] = None,
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Copies a CPU ``source`` to ``device`` (converted to ``dtype`` if given) through
     its pin.
 
@@ -90,15 +124,86 @@ def cast_to_device(source: torch.Tensor, device: DeviceLike, dtype: Optional[tor
     a pin is created within the RAM budget: in the ``-loaded`` cache subset when
     ``resident`` (the copy stays on the device; for ``kind="patches"`` also a
     ``signature`` is needed) and fast-disk is off, else in the streaming subset.
-    When the budget refuses a pin the copy comes straight from the source.
+    When no pin serves the cast (the budget refused one, ...) the copy comes
+    straight from the source, counted in ``stats()["bypassed.<reason>"]``.
     ``kind`` is ``"weights"`` or ``"patches"`` (patch tensors such as LoRA
-    factors). A pin never serves stale data: a source written in place or freed
-    is re-pinned. Non-contiguous sources are pinned as a contiguous copy.
+    factors). ``signature`` is the patch set of patches, and a content signature
+    of weights: a pin made under another signature (or none) is stale and made
+    again. A source written in place through its version counter, or freed, is
+    re-pinned; other writes need :func:`invalidate` (see the module's
+    docstring). Non-contiguous sources are pinned as a contiguous copy.
+
+    ``out``: write the result into this tensor instead (on ``device``, of the
+    source's shape, of dtype ``dtype`` or else the source's) on the current
+    stream, and return it. Tensor wrapper subclasses (a quantized weight) are
+    cast through their inner tensors (``torch_pins._subclass``).
 
     A source that is not a dense, non-quantized CPU tensor, a bad ``kind``, a
-    ``signature`` without ``kind="patches"`` or a ``model`` that is not
-    registered raises ``ValueError``."""
-    return _ops.cast_to_device(source, torch.device(device), dtype, non_blocking, model, kind, resident, signature)
+    ``model`` that is not registered or an ``out`` that does not fit raises
+    ``ValueError``."""
+    _check_signature("cast_to_device", signature)
+    if _subclass.is_wrapper(source):
+        return _subclass.cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature, out)
+    if out is None:
+        return _ops.cast_to_device(source, torch.device(device), dtype, non_blocking, model, kind, resident,
+                                   signature)
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"cast_to_device: out must be a tensor, got {type(out).__name__}")
+    return _ops.cast_to_device.out(source, torch.device(device), dtype, non_blocking, model, kind, resident,
+                                   signature, out=out)
+
+
+def cast_many_to_device(sources: Sequence[torch.Tensor], device: DeviceLike, dtype: Optional[torch.dtype] = None,
+                        non_blocking: bool = False, model: int = -1, kind: str = "weights",
+                        resident: bool = False, signature: Optional[int] = None) -> List[torch.Tensor]:
+    """:func:`cast_to_device` for several sources (a module's weight and bias) at
+    once: one pin holds them all (their dtypes may differ) and one transfer
+    brings it to ``device``. Returns the results in order, each converted to
+    ``dtype`` when given. No two results share a storage (torch's rule for custom
+    ops, which ``torch.compile`` checks): the first stays a view of the
+    transfer's buffer when it needs no conversion, the others are copied out of
+    it on the device, so pass the largest source (the weight) first. The same group of sources
+    hits the same pin; a stale or invalidated part makes the whole group stale.
+    ``model``, ``kind``, ``resident`` and ``signature`` apply to the group.
+
+    ``sources`` is a list or tuple of tensors; ``None`` entries are not allowed
+    (``ValueError`` naming the entry), nor anything :func:`cast_to_device`
+    refuses. Wrapper subclasses among them are taken apart
+    (``torch_pins._subclass``)."""
+    if isinstance(sources, torch.Tensor) or not isinstance(sources, (list, tuple)):
+        raise ValueError(f"cast_many_to_device: sources must be a list or tuple of tensors, got "
+                         f"{type(sources).__name__}")
+    _check_signature("cast_many_to_device", signature)
+    sources = list(sources)
+    for i, s in enumerate(sources):
+        if s is None:
+            raise ValueError(f"cast_many_to_device: sources[{i}] is None; None is not allowed in sources")
+        if not isinstance(s, torch.Tensor):
+            raise ValueError(f"cast_many_to_device: sources[{i}] must be a tensor, got {type(s).__name__}")
+    if any(_subclass.is_wrapper(s) for s in sources):
+        return _subclass.cast_many_to_device(sources, device, dtype, non_blocking, model, kind, resident, signature)
+    return list(_ops.cast_many_to_device(sources, torch.device(device), dtype, non_blocking, model, kind, resident,
+                                         signature))
+
+
+def invalidate(source: torch.Tensor) -> int:
+    """Drops every pin (any model, any subset, gathered pins included) whose
+    source bytes overlap ``source``'s bytes in its storage; returns the bytes
+    dropped. Call it after writing ``source`` where its version counter does not
+    see it (``.data``, numpy aliases, ``set_()``, ``untyped_storage().copy_()``,
+    an inference tensor written in place). A pin being read by a cast in flight is
+    detached and freed when that cast is done, never served again. A wrapper
+    subclass is invalidated through its inner CPU tensors; any other source that
+    is not a dense, non-quantized CPU tensor raises ``ValueError``."""
+    if _subclass.is_wrapper(source):
+        return sum(int(_ops.invalidate(t)) for t in _subclass.inner_tensors(source) if t.device.type == "cpu")
+    return _ops.invalidate(source)
+
+
+def invalidate_model(model: int) -> int:
+    """Drops every pin of ``model`` (which stays registered); returns the bytes
+    dropped. A ``model`` that is not registered raises ``ValueError``."""
+    return _ops.invalidate_model(model)
 
 
 def free_pins(bytes: int, evict_active: bool = False) -> int:
@@ -126,9 +231,21 @@ class Stats(dict):
 
 def stats() -> Stats:
     """Every counter: pins, pinned and committed bytes, hits and misses, evictions
-    by tier, refusals, per subset (``weights.bytes``...) and per model
-    (``model.<id>.*``)."""
+    by tier, refusals, casts served from the source by reason
+    (``bypassed.<reason>``: ``empty``, ``refused``, ``pool``, ``busy``,
+    ``raced``, ``forgotten``; ``bypassed`` their sum), ``plain_copies``
+    (``model=-1``), per subset (``weights.bytes``...) and per model, by id and by
+    name (``model.<id>.*`` and ``model.<name>.*``; a name registered more than
+    once reads ``<name>#<id>`` for all but the lowest id, a name made only of
+    digits always does)."""
     return Stats(_ops.stats())
+
+
+def summary() -> str:
+    """A few lines for people: pins and bytes per subset, hits, misses and hit
+    rate, casts bypassed by reason, plain copies, what was freed, one line per
+    model."""
+    return _ops.summary()
 
 
 def configure(conf: str = "", **keys) -> None:

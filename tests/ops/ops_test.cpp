@@ -30,18 +30,31 @@ std::string model_key(int64_t m, const std::string& rest) {
   return "model." + std::to_string(m) + "." + rest;
 }
 
-// Every op of the pins namespace.
+// Every op of the pins namespace, with its overloads ("" is the default).
 const std::set<std::string> kOps = {
-    "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt",
-    "cast_to_device", "free_pins",    "stats",      "configure",
+    "register_model",
+    "forget_model",
+    "set_active",
+    "mark_prompt",
+    "end_prompt",
+    "end_node",
+    "cast_to_device",
+    "cast_to_device.out",
+    "cast_many_to_device",
+    "invalidate",
+    "invalidate_model",
+    "free_pins",
+    "stats",
+    "summary",
+    "configure",
 };
 
-TEST(PinsOps, EveryOpIsRegisteredOnceWithoutOverload) {
+TEST(PinsOps, EveryOpIsRegisteredOnce) {
   std::set<std::string> found;
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("pins::", 0) != 0) continue;
-    EXPECT_EQ(name.overload_name, "") << name.name;
-    EXPECT_TRUE(found.insert(name.name.substr(6)).second) << name.name;
+    const std::string op = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    EXPECT_TRUE(found.insert(op).second) << op;
   }
   EXPECT_EQ(found, kOps) << "an op was added or removed: update kOps, include/pins/ops.h and these tests";
 }
@@ -55,7 +68,15 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_NO_THROW(handle("pins::set_active").typed<decltype(pins::ops::set_active)>());
   EXPECT_NO_THROW(handle("pins::mark_prompt").typed<decltype(pins::ops::mark_prompt)>());
   EXPECT_NO_THROW(handle("pins::end_prompt").typed<decltype(pins::ops::end_prompt)>());
+  EXPECT_NO_THROW(handle("pins::end_node").typed<decltype(pins::ops::end_node)>());
   EXPECT_NO_THROW(handle("pins::cast_to_device").typed<decltype(pins::ops::cast_to_device)>());
+  EXPECT_NO_THROW(c10::Dispatcher::singleton()
+                      .findSchemaOrThrow("pins::cast_to_device", "out")
+                      .typed<decltype(pins::ops::cast_to_device_outf)>());
+  EXPECT_NO_THROW(handle("pins::cast_many_to_device").typed<decltype(pins::ops::cast_many_to_device)>());
+  EXPECT_NO_THROW(handle("pins::invalidate").typed<decltype(pins::ops::invalidate)>());
+  EXPECT_NO_THROW(handle("pins::invalidate_model").typed<decltype(pins::ops::invalidate_model)>());
+  EXPECT_NO_THROW(handle("pins::summary").typed<decltype(pins::ops::summary)>());
   EXPECT_NO_THROW(handle("pins::free_pins").typed<decltype(pins::ops::free_pins)>());
   EXPECT_NO_THROW(handle("pins::stats").typed<decltype(pins::ops::stats)>());
   EXPECT_NO_THROW(handle("pins::configure").typed<decltype(pins::ops::configure)>());
@@ -66,6 +87,13 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_EQ(cast.arguments()[5].default_value()->toStringRef(), "weights");
   EXPECT_EQ(cast.arguments()[4].default_value()->toInt(), -1);
   EXPECT_FALSE(handle("pins::free_pins").schema().arguments()[1].default_value()->toBool());
+  EXPECT_FALSE(handle("pins::register_model").schema().arguments()[2].default_value()->toBool());
+  const c10::FunctionSchema& out =
+      c10::Dispatcher::singleton().findSchemaOrThrow("pins::cast_to_device", "out").schema();
+  ASSERT_EQ(out.arguments().size(), 9u);
+  EXPECT_TRUE(out.arguments()[8].kwarg_only());
+  EXPECT_TRUE(out.arguments()[8].alias_info() && out.arguments()[8].alias_info()->isWrite());
+  EXPECT_TRUE(c10::Dispatcher::singleton().findSchemaOrThrow("pins::cast_to_device", "out").hasTag(at::Tag::out));
 }
 
 TEST(PinsOps, RegisterSetActiveAndForgetReachTheirKernels) {
@@ -161,6 +189,98 @@ TEST(PinsOps, ErrorsNameTheArgument) {
   }
 }
 
+TEST(PinsOps, InferenceTensorsArePinnedAndHit) {
+  const int64_t m = pins::ops::register_model("dispatcher-inference", kCpu);
+  at::Tensor w;
+  {
+    c10::InferenceMode guard;
+    w = at::randn({256});
+  }
+  const int64_t hits = stat("hits"), misses = stat("misses");
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(pins::ops::cast_to_device(w, kCpu, std::nullopt, false, m).equal(w));
+  EXPECT_EQ(stat("misses"), misses + 1);
+  EXPECT_EQ(stat("hits"), hits + 2);
+  EXPECT_EQ(pins::ops::invalidate(w), 256 * 4);
+  EXPECT_EQ(stat(model_key(m, "invalidated")), 1);
+  EXPECT_EQ(pins::ops::invalidate(w), 0);
+  pins::ops::forget_model(m);
+}
+
+TEST(PinsOps, CastManyServesAGroupFromOnePin) {
+  const int64_t m = pins::ops::register_model("dispatcher-many", kCpu);
+  const at::Tensor w = at::randn({32, 16}).to(at::kHalf), b = at::randn({32});
+  const int64_t hits = stat("hits"), misses = stat("misses"), pinned = stat("pins");
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<at::Tensor> out = pins::ops::cast_many_to_device({w, b}, kCpu, at::kFloat, false, m);
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_TRUE(out[0].equal(w.to(at::kFloat)));
+    EXPECT_TRUE(out[1].equal(b));
+  }
+  EXPECT_EQ(stat("misses"), misses + 1);
+  EXPECT_EQ(stat("hits"), hits + 1);
+  EXPECT_EQ(stat("pins"), pinned + 1);
+  EXPECT_EQ(pins::ops::invalidate(b), 32 * 16 * 2 + 32 * 4)
+      << "any part drops the group: weight, then the bias at 1024";
+  EXPECT_EQ(pins::ops::cast_many_to_device({}, kCpu).size(), 0u);
+  pins::ops::forget_model(m);
+}
+
+TEST(PinsOps, CastIntoTheCallersBuffer) {
+  const int64_t m = pins::ops::register_model("dispatcher-out", kCpu);
+  const at::Tensor w = at::randn({64, 8});
+  at::Tensor buf = at::empty({64, 8}, at::kBFloat16);
+  const int64_t hits = stat("hits");
+  at::Tensor& a = pins::ops::cast_to_device_out(buf, w, kCpu, at::kBFloat16, false, m);
+  EXPECT_TRUE(a.is_same(buf));
+  EXPECT_TRUE(buf.equal(w.to(at::kBFloat16)));
+  buf.zero_();
+  at::Tensor& b = pins::ops::cast_to_device_outf(w, kCpu, at::kBFloat16, false, m, "weights", false, std::nullopt, buf);
+  EXPECT_TRUE(b.is_same(buf));
+  EXPECT_TRUE(buf.equal(w.to(at::kBFloat16)));
+  EXPECT_EQ(stat("hits"), hits + 1);
+  at::Tensor wrong = at::empty({64, 8});
+  EXPECT_THROW(pins::ops::cast_to_device_out(wrong, w, kCpu, at::kBFloat16, false, m), c10::ValueError);
+  pins::ops::forget_model(m);
+}
+
+TEST(PinsOps, NodeBoundaryInvalidateModelAndFastDisk) {
+  const int64_t m = pins::ops::register_model("dispatcher-node", kCpu, /*fast_disk=*/true);
+  EXPECT_EQ(stat(model_key(m, "fast_disk")), 1);
+  pins::ops::mark_prompt({m});
+  pins::ops::set_active(m, true);
+  const at::Tensor p = at::randn({64}), w = at::randn({64});
+  pins::ops::cast_to_device(p, kCpu, std::nullopt, false, m, "patches");
+  pins::ops::cast_to_device(w, kCpu, std::nullopt, false, m, "weights", /*resident=*/true);
+  EXPECT_EQ(stat(model_key(m, "weights-loaded.pins")), 0) << "a fast_disk model gets no -loaded pins";
+  EXPECT_EQ(stat(model_key(m, "weights.pins")), 1);
+  pins::ops::end_node();
+  EXPECT_EQ(stat(model_key(m, "patches.pins")), 0);
+  EXPECT_EQ(stat(model_key(m, "active")), 0);
+  EXPECT_EQ(stat(model_key(m, "in_prompt")), 1);
+  EXPECT_EQ(stat("prompt"), 1);
+  EXPECT_EQ(pins::ops::invalidate_model(m), 64 * 4);
+  EXPECT_EQ(stat(model_key(m, "pins")), 0);
+  pins::ops::end_prompt();
+  pins::ops::forget_model(m);
+}
+
+TEST(PinsOps, StatsByNameBypassesAndSummary) {
+  const int64_t m = pins::ops::register_model("dispatcher-named", kCpu);
+  const int64_t empty = stat("bypassed.empty"), plain = stat("plain_copies");
+  pins::ops::cast_to_device(at::empty({0}), kCpu, std::nullopt, false, m);
+  pins::ops::cast_to_device(at::randn({4}), kCpu);
+  EXPECT_EQ(stat("bypassed.empty"), empty + 1);
+  EXPECT_EQ(stat("model.dispatcher-named.bypassed.empty"), 1);
+  EXPECT_EQ(stat("model.dispatcher-named.id"), m);
+  EXPECT_EQ(stat(model_key(m, "bypassed")), 1);
+  EXPECT_EQ(stat("plain_copies"), plain + 1);
+  const std::string text = pins::ops::summary();
+  EXPECT_NE(text.find("'dispatcher-named' (cpu): 0 pins"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 bypassed (empty 1)"), std::string::npos) << text;
+  pins::ops::forget_model(m);
+  EXPECT_FALSE(has_stat("model.dispatcher-named.id"));
+}
+
 TEST(PinsOps, BadValuesAreValueErrors) {
   const int64_t m = pins::ops::register_model("dispatcher-errors", kCpu);
   const std::vector<std::pair<const char*, std::function<void()>>> bad = {
@@ -173,8 +293,33 @@ TEST(PinsOps, BadValuesAreValueErrors) {
        }},
       {"undefined source", [&] { pins::ops::cast_to_device(at::Tensor(), kCpu); }},
       {"kind", [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, -1, "bias"); }},
-      {"signature without patches",
-       [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, m, "weights", false, 5); }},
+      {"undefined part",
+       [&] {
+         pins::ops::cast_many_to_device({at::randn({4}), at::Tensor()}, kCpu);
+       }},
+      {"meta part", [&] { pins::ops::cast_many_to_device({at::empty({4}, at::kMeta)}, kCpu, std::nullopt, false, m); }},
+      {"unknown model (cast_many)",
+       [&] { pins::ops::cast_many_to_device({at::randn({4})}, kCpu, std::nullopt, false, 424242); }},
+      {"kind (cast_many)",
+       [&] { pins::ops::cast_many_to_device({at::randn({4})}, kCpu, std::nullopt, false, m, "bias"); }},
+      {"out of another shape",
+       [&] {
+         at::Tensor out = at::empty({5});
+         pins::ops::cast_to_device_out(out, at::randn({4}), kCpu, std::nullopt, false, m);
+       }},
+      {"out of another dtype",
+       [&] {
+         at::Tensor out = at::empty({4}, at::kHalf);
+         pins::ops::cast_to_device_out(out, at::randn({4}), kCpu);
+       }},
+      {"undefined out",
+       [&] {
+         at::Tensor out;
+         pins::ops::cast_to_device_out(out, at::randn({4}), kCpu);
+       }},
+      {"meta source (invalidate)", [] { pins::ops::invalidate(at::empty({4}, at::kMeta)); }},
+      {"undefined source (invalidate)", [] { pins::ops::invalidate(at::Tensor()); }},
+      {"unknown model (invalidate_model)", [] { pins::ops::invalidate_model(424242); }},
       {"model -7", [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, -7); }},
       {"unknown model (cast)", [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, 424242); }},
       {"unknown model (forget)", [] { pins::ops::forget_model(424242); }},

@@ -29,9 +29,54 @@ def test_unknown_kind(pins, model):
         pins.cast_to_device(torch.randn(4), "cpu", model=model, kind="lora")
 
 
-def test_signature_needs_patches(pins, model):
-    with pytest.raises(ValueError, match=r"needs kind='patches'.*signature 5"):
-        pins.cast_to_device(torch.randn(4), "cpu", model=model, signature=5)
+def test_a_weights_signature_is_a_content_signature_not_an_error(pins, model):
+    # Before the contract of tests/python/test_contract.py, a signature needed
+    # kind='patches'; for weights it now says which content the pin holds.
+    w = torch.randn(4)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model, signature=5), w)
+    assert pins.stats()[f"model.{model}.weights.pins"] == 1
+    for bad in ("v2", 1.5, True, 1 << 63):
+        with pytest.raises(ValueError, match=r"cast_to_device: signature must be None or an int64, got "):
+            pins.cast_to_device(w, "cpu", model=model, signature=bad)
+    with pytest.raises(ValueError, match=r"cast_many_to_device: signature must be None or an int64, got str 'v2'"):
+        pins.cast_many_to_device([w], "cpu", model=model, signature="v2")
+
+
+def test_new_ops_name_their_bad_arguments(pins, model):
+    w = torch.randn(4)
+    cases = [
+        (lambda: pins.cast_many_to_device([w, None], "cpu", model=model),
+         r"sources\[1\] is None; None is not allowed in sources"),
+        (lambda: pins.cast_many_to_device(w, "cpu", model=model), r"sources must be a list or tuple of tensors, got Tensor"),
+        (lambda: pins.cast_many_to_device([w, 3], "cpu", model=model), r"sources\[1\] must be a tensor, got int"),
+        (lambda: pins.cast_many_to_device([w, torch.empty(2, device="meta")], "cpu", model=model),
+         r"cast_many_to_device: sources\[1\] must be a CPU tensor, got device meta"),
+        (lambda: pins.cast_many_to_device([torch.eye(2).to_sparse()], "cpu"),
+         r"sources\[0\] must be a dense \(strided\) tensor, got layout Sparse"),
+        (lambda: pins.cast_many_to_device([w], "cpu", model=987654), r"cast_many_to_device: model 987654 is not registered"),
+        (lambda: pins.cast_many_to_device([w], "cpu", model=-3), r"model must be a registered model id or -1, got -3"),
+        (lambda: pins.cast_many_to_device([w], "cpu", model=model, kind="lora"),
+         r"cast_many_to_device: kind must be 'weights' or 'patches', got 'lora'"),
+        (lambda: pins.cast_to_device(w, "cpu", model=model, out=torch.empty(5)),
+         r"out must have the source's shape \[4\], got out of shape \[5\]"),
+        (lambda: pins.cast_to_device(w, "cpu", model=model, out=torch.empty(4, dtype=torch.float16)),
+         r"out must have dtype Float \(the source's, no dtype given\), got out of dtype Half"),
+        (lambda: pins.cast_to_device(w, "cpu", dtype=torch.bfloat16, model=model, out=torch.empty(4)),
+         r"out must have dtype BFloat16 \(the dtype argument\), got out of dtype Float"),
+        (lambda: pins.cast_to_device(w, "cpu", model=model, out=torch.empty(4, device="meta")),
+         r"out must be on the device cpu, got out on meta"),
+        (lambda: pins.cast_to_device(w, "cpu", model=model, out="buffer"), r"out must be a tensor, got str"),
+        (lambda: pins.invalidate(torch.empty(4, device="meta")), r"invalidate: source must be a CPU tensor, got device meta"),
+        (lambda: pins.invalidate(torch.eye(2).to_sparse()), r"invalidate: source must be a dense \(strided\) tensor"),
+        (lambda: pins.invalidate_model(987654), r"invalidate_model: model 987654 is not registered"),
+        (lambda: pins.register_model("m", "cpu", fast_disk="yes"), r"fast_disk must be a bool, got str 'yes'"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+    with pytest.raises(ValueError, match=r"out must be on the device cpu"):  # the op itself, not only the wrapper
+        torch.ops.pins.cast_to_device.out(w, torch.device("cpu"), None, False, model, "weights", False, None,
+                                          out=torch.empty(4, device="meta"))
 
 
 def test_unknown_model(pins):

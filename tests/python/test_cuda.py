@@ -47,3 +47,29 @@ def test_a_pin_with_a_copy_in_flight_is_not_evicted(pins, model):
 def test_cuda_source_is_refused_with_a_clear_error(pins, model):
     with pytest.raises(ValueError, match=r"source must be a CPU tensor, got device cuda"):
         pins.cast_to_device(torch.randn(4, device="cuda"), "cuda", model=model)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float16])
+def test_gathered_cast_matches_torch_on_the_device(pins, model, dtype):
+    with torch.inference_mode():
+        weight, bias = torch.randn(1024, 257, dtype=torch.float16), torch.randn(1024)
+    for _ in range(3):  # miss, hit, hit
+        w, b = pins.cast_many_to_device([weight, bias], "cuda", dtype=dtype, non_blocking=True, model=model)
+        torch.cuda.current_stream().synchronize()
+        assert w.device.type == "cuda" and b.device.type == "cuda"
+        assert torch.equal(w, weight.to("cuda").to(dtype or weight.dtype))
+        assert torch.equal(b, bias.to("cuda").to(dtype or bias.dtype))
+    assert pins.stats()[f"model.{model}.hits"] == 2
+
+
+def test_out_on_the_device_with_non_blocking(pins, model):
+    w = torch.randn(2048, 129)
+    buf = torch.empty(2048, 129, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # the caller's stream: the copy runs there
+        for _ in range(2):
+            pins.cast_to_device(w, "cuda", dtype=torch.bfloat16, non_blocking=True, model=model, out=buf)
+    stream.synchronize()
+    assert torch.equal(buf, w.to("cuda").to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"out must be on the device cuda"):
+        pins.cast_to_device(w, "cuda", model=model, out=torch.empty(2048, 129))

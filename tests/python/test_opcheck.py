@@ -3,15 +3,19 @@ import pytest
 import torch
 
 # Every op of the pins namespace has an opcheck below.
-CHECKED = {"cast_to_device", "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt",
-           "free_pins", "stats", "configure"}
+CHECKED = {"cast_to_device", "cast_many_to_device", "register_model", "forget_model", "set_active", "mark_prompt",
+           "end_prompt", "end_node", "invalidate", "invalidate_model", "free_pins", "stats", "summary", "configure"}
+# Overloads besides "default": cast_to_device's out= variant.
+OVERLOADS = {"cast_to_device": ["default", "out"]}
 
 
 def test_every_op_is_checked(pins):
-    ops = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("pins::")}
+    ops = {name.split("::", 1)[1].split(".")[0] for name in torch._C._dispatch_get_all_op_names()
+           if name.startswith("pins::")}
     assert ops == CHECKED, "an op was added or removed: give it an opcheck here and a dispatcher test in tests/ops"
     for name in ops:
-        assert getattr(torch.ops.pins, name).overloads() == ["default"], name
+        assert sorted(getattr(torch.ops.pins, name).overloads()) == OVERLOADS.get(name, ["default"]), name
+    assert torch.Tag.out in torch.ops.pins.cast_to_device.out.tags, "torch.compile functionalizes it as an out variant"
 
 
 def test_opcheck_cast_to_device(pins, model):
@@ -27,20 +31,83 @@ def test_opcheck_cast_to_device(pins, model):
         torch.library.opcheck(torch.ops.pins.cast_to_device.default, args)
 
 
+def test_opcheck_cast_to_device_out(pins, model):
+    w = torch.randn(8, 8)
+    for dtype, kwargs in ((None, {}), (torch.float16, {"model": model}),
+                          (None, {"model": model, "resident": True, "signature": 9})):
+        out = torch.empty(8, 8, dtype=dtype or w.dtype)
+        args = (w, torch.device("cpu"), dtype, False, kwargs.get("model", -1), "weights",
+                kwargs.get("resident", False), kwargs.get("signature"))
+        # Not test_schema: torch's SchemaCheckMode cannot inspect a Device argument
+        # once an output aliases an input (any out= op with a Device fails it:
+        # "Cannot inspect value of type Device"). What it would check is checked here.
+        torch.library.opcheck(torch.ops.pins.cast_to_device.out, args, {"out": out},
+                              test_utils=("test_autograd_registration", "test_faketensor",
+                                          "test_aot_dispatch_dynamic"))
+        version = out._version
+        assert torch.ops.pins.cast_to_device.out(*args, out=out) is out, "returns out itself"
+        assert torch.equal(out, w.to(dtype or w.dtype))
+        assert out._version > version, "writing out bumps its version counter"
+        assert torch.equal(w, args[0]) and w._version == 0, "the source is not written"
+
+
+def test_opcheck_cast_many_to_device(pins, model):
+    w, b = torch.randn(8, 4, dtype=torch.float16), torch.randn(8)
+    torch.library.opcheck(torch.ops.pins.cast_many_to_device.default,
+                          ([torch.randn(4, 4, requires_grad=True), b], torch.device("cpu"), None, False, model,
+                           "weights", False, None))
+    for kwargs in ({}, {"dtype": torch.bfloat16}, {"model": model}, {"model": model, "dtype": torch.float32},
+                   {"model": model, "kind": "patches", "resident": True, "signature": 3}):
+        args = ([w, b.t() if b.dim() > 1 else b], torch.device("cpu"), kwargs.get("dtype"), False,
+                kwargs.get("model", -1), kwargs.get("kind", "weights"), kwargs.get("resident", False),
+                kwargs.get("signature"))
+        torch.library.opcheck(torch.ops.pins.cast_many_to_device.default, args)
+
+
+def test_torch_compile_fullgraph_traces_the_gathered_and_out_casts(pins, model):
+    w, b = torch.randn(16, 8), torch.randn(16)
+
+    def f(x, buf):
+        cw, cb = torch.ops.pins.cast_many_to_device([w, b], torch.device("cpu"), torch.float16, False, model,
+                                                    "weights", False, None)
+        torch.ops.pins.cast_to_device.out(b, torch.device("cpu"), None, False, model, "weights", False, None, out=buf)
+        return x.half() @ cw.t() + cb, buf * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    x = torch.randn(3, 8)
+    for _ in range(2):
+        buf = torch.empty(16)
+        y, z = compiled(x, buf)
+        assert torch.equal(y, x.half() @ w.half().t() + b.half())
+        assert torch.equal(z, b * 2) and torch.equal(buf, b), "the out= write reaches the caller's buffer"
+
+
+def test_opcheck_invalidate(pins, model):
+    w = torch.randn(8)
+    pins.cast_to_device(w, "cpu", model=model)
+    # Returns the bytes it dropped: eager and traced runs see different pins.
+    torch.library.opcheck(torch.ops.pins.invalidate.default, (w,),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
 @pytest.mark.parametrize("name,args", [
     ("register_model", ("opcheck", torch.device("cpu"))),
+    ("register_model", ("opcheck-fast", torch.device("cpu"), True)),
     ("set_active", None),
     ("mark_prompt", None),
     ("end_prompt", ()),
+    ("end_node", ()),
+    ("invalidate_model", None),
     ("free_pins", (0, False)),
     ("stats", ()),
+    ("summary", ()),
     ("configure", ("fast_disk:false",)),
 ])
 def test_opcheck_control_ops(pins, model, name, args):
     if args is None:
-        args = {"set_active": (model, False), "mark_prompt": ([model],)}[name]
+        args = {"set_active": (model, False), "mark_prompt": ([model],), "invalidate_model": (model,)}[name]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    if name in ("register_model", "stats"):
+    if name in ("register_model", "stats", "summary"):
         # Each call returns a new id / the counters of that moment, so eager and
         # traced runs cannot agree; the other checks still apply.
         utils = utils[:3]

@@ -11,8 +11,11 @@
 namespace pins::ops {
 
 // Registers a model (weights that load and unload together) whose weights are
-// cast to `load_device`, and returns its id. An empty `name` is a c10::ValueError.
-int64_t register_model(c10::string_view name, c10::Device load_device);
+// cast to `load_device`, and returns its id. `fast_disk`: its weights reload
+// fast from disk, so it gets no -loaded pins (as the fast_disk key of the
+// configuration, for this model only). An empty `name` is a c10::ValueError;
+// names may repeat (pins::stats then tells them apart by id).
+int64_t register_model(c10::string_view name, c10::Device load_device, bool fast_disk = false);
 
 // Forgets `model` and frees all its pins.
 void forget_model(int64_t model);

@@ -1,4 +1,5 @@
-// pins::mark_prompt, pins::end_prompt (ops/prompt/prompt.cpp): the prompt boundary.
+// pins::mark_prompt, pins::end_prompt, pins::end_node (ops/prompt/prompt.cpp):
+// the prompt and node boundaries.
 #pragma once
 
 #include <c10/util/ArrayRef.h>
@@ -13,5 +14,11 @@ void mark_prompt(c10::IntArrayRef models);
 // Ends the prompt: clears the marks, drops the patches pins and the pins of
 // sources that died, then runs the RAM-pressure check.
 void end_prompt();
+
+// A node boundary (what ComfyUI does after every node): drops the patches pins,
+// clears `active` on every model, drops the pins of sources that died, then runs
+// the RAM-pressure check. The prompt goes on: its marks and the trace policy's
+// record stay.
+void end_node();
 
 }  // namespace pins::ops

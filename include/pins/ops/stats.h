@@ -1,4 +1,4 @@
-// pins::stats (ops/stats/stats.cpp).
+// pins::stats, pins::summary (ops/stats/stats.cpp).
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -9,7 +9,14 @@
 namespace pins::ops {
 
 // Every counter of the balancer and the host pool, by name ("hits",
-// "pinned_bytes", "model.<id>.weights.pins", ...).
+// "pinned_bytes", "bypassed.refused", "model.<id>.weights.pins", ...). Each
+// model's counters appear twice: under "model.<id>." and under
+// "model.<name>.", where a name registered more than once (or made only of
+// digits) reads "<name>#<id>" for all but the lowest id.
 c10::Dict<std::string, int64_t> stats();
+
+// A few lines for people: pins and bytes per subset, hits, misses and hit rate,
+// casts bypassed by reason, plain copies, what was freed, and one line per model.
+std::string summary();
 
 }  // namespace pins::ops

@@ -620,7 +620,280 @@ TEST(BalancerPolicy, TraceRecordsAreBounded) {
   EXPECT_EQ(f.bal.stats().trace_records, 2) << "recording resumes after the boundary";
 }
 
-// Eight threads cast, evict and cross prompt boundaries over three models with
+// ------------------------------------------------------------------ staleness the caller reports
+// Note [Pin validity], Note [Source index].
+
+TEST(BalancerValidity, ASourceWithoutAVersionCounterIsPinnedAndHits) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  Request r = f.req(m, 1);
+  r.version = std::nullopt;  // an inference tensor
+  ASSERT_TRUE(f.cast(r));
+  Lease l = f.bal.acquire(r);
+  EXPECT_TRUE(l.hit());
+  r.version = 0;  // a source with a counter is another source
+  l = f.bal.acquire(r);
+  EXPECT_TRUE(l.needs_fill());
+}
+
+TEST(BalancerValidity, AWeightsSignatureChangeRefills) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  for (bool resident : {false, true}) {
+    Request r = f.req(m, resident ? 2 : 1, Kind::Weights, resident);
+    r.signature = 7;
+    ASSERT_TRUE(f.cast(r));
+    EXPECT_TRUE(f.bal.acquire(r).hit()) << "the same content signature";
+    r.signature = 8;  // the caller rewrote the source
+    {
+      Lease l = f.bal.acquire(r);
+      EXPECT_FALSE(l.hit());
+      EXPECT_TRUE(l.needs_fill());
+      l.filled();
+    }
+    r.signature = std::nullopt;  // no signature is not a wildcard
+    Lease l = f.bal.acquire(r);
+    EXPECT_FALSE(l.hit());
+    EXPECT_TRUE(l.needs_fill());
+    l.filled();
+  }
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).dropped, 2);
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::WeightsLoaded).dropped, 2);
+}
+
+TEST(BalancerInvalidate, DropsOverlappingPinsOfEveryModelAndSubsetOnly) {
+  Fixture f(16);
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  const auto at = [&](ModelId m, uint64_t offset, Kind kind = Kind::Weights, bool resident = false) {
+    Request r = f.req(m, 7, kind, resident, 1 * MiB);
+    r.key.offset = offset;
+    return r;
+  };
+  // Storage 7: [0, 1M) in a's weights, [1M, 2M) in a's weights-loaded and b's
+  // patches, [4M, 5M) in b's weights; storage 8 at the same offsets.
+  ASSERT_TRUE(f.cast(at(a, 0)));
+  ASSERT_TRUE(f.cast(at(a, 1 * MiB, Kind::Weights, true)));
+  ASSERT_TRUE(f.cast(at(b, 1 * MiB, Kind::Patches)));
+  ASSERT_TRUE(f.cast(at(b, 4 * MiB)));
+  Request other = f.req(a, 8, Kind::Weights, false, 1 * MiB);
+  ASSERT_TRUE(f.cast(other));
+  EXPECT_EQ(f.bal.invalidate(7, 1 * MiB - 1, 2), 3 * MiB) << "one byte either side of 1M";
+  EXPECT_TRUE(f.has(b, 7, Subset::Weights));
+  EXPECT_TRUE(f.has(a, 8, Subset::Weights));
+  EXPECT_EQ(f.count(a, Subset::Weights), 1);
+  EXPECT_EQ(f.count(a, Subset::WeightsLoaded), 0);
+  EXPECT_EQ(f.count(b, Subset::Patches), 0);
+  EXPECT_EQ(f.bal.invalidate(7, 2 * MiB, 2 * MiB), 0u) << "the gap";
+  EXPECT_EQ(f.bal.invalidate(9, 0, 1 * GiB), 0u) << "no pin of that storage";
+  const BalancerStats st = f.bal.stats();
+  EXPECT_EQ(st.total.invalidated, 3);
+  EXPECT_EQ(st.total.dropped, 3);
+  EXPECT_EQ(st.models[0].subsets[static_cast<int>(Subset::WeightsLoaded)].invalidated, 1);
+  EXPECT_EQ(st.total.bytes, f.pool.stats().requested_bytes.current);
+  // The next cast of an invalidated source makes its pin again.
+  Lease l = f.bal.acquire(at(a, 0));
+  EXPECT_TRUE(l.needs_fill());
+}
+
+TEST(BalancerInvalidate, ALeasedOrFillingPinIsDetachedNeverServedAgain) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  Lease filling = f.bal.acquire(f.req(m, 1));
+  ASSERT_TRUE(filling.needs_fill());
+  ASSERT_TRUE(f.cast(f.req(m, 2)));
+  Lease reading = f.bal.acquire(f.req(m, 2));
+  ASSERT_TRUE(reading.hit());
+  EXPECT_EQ(f.bal.invalidate(1, 0, U), U);
+  EXPECT_EQ(f.bal.invalidate(2, 0, U), U);
+  EXPECT_EQ(f.count(m, Subset::Weights), 0);
+  EXPECT_EQ(f.pool.stats().blocks.current, 2) << "the holders' blocks live on";
+  filling.filled();  // the filler finishes with the bytes it read
+  {
+    Lease again = f.bal.acquire(f.req(m, 1));
+    EXPECT_TRUE(again.needs_fill()) << "a detached pin is never served";
+    again.filled();
+  }
+  filling = Lease();
+  reading = Lease();
+  EXPECT_EQ(f.pool.stats().blocks.current, 1) << "detached blocks go back when released";
+  EXPECT_EQ(f.bal.stats().total.bytes, f.pool.stats().requested_bytes.current);
+}
+
+TEST(BalancerInvalidate, APinBeingEvictedIsDroppedToo) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(m, 1)));
+  std::atomic<bool> done{false};
+  {
+    Lease l = f.bal.acquire(f.req(m, 1));
+    f.pool.record_fence(l.data(), std::make_shared<FakeFence>(&done));
+  }
+  // A copy in flight: eviction skips it, invalidation detaches it.
+  EXPECT_EQ(f.bal.free(U), 0u);
+  EXPECT_EQ(f.bal.invalidate(1, 0, 1), U);
+  EXPECT_TRUE(f.bal.acquire(f.req(m, 1)).needs_fill());
+  done = true;
+}
+
+TEST(BalancerInvalidate, AnyPartOfAGatheredPinDropsTheGroup) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  Request g = f.req(m, 1, Kind::Weights, false, 2 * MiB);
+  g.key.layout = 2;  // a group's key
+  g.parts = {SourcePart{PinKey{1, 0, 1 * MiB, 0}, 1 * MiB, 3}, SourcePart{PinKey{5, 4096, 1 * MiB, 0}, 1 * MiB, 0}};
+  ASSERT_TRUE(f.cast(g));
+  EXPECT_TRUE(f.bal.acquire(g).hit());
+  g.parts[1].version = 1;  // the second part was written in place
+  EXPECT_FALSE(f.bal.acquire(g).hit()) << "one stale part makes the group stale";
+  ASSERT_TRUE(f.cast(g));
+  Request collide = g;  // another group whose key collides with g's
+  collide.parts[1].key.offset = 8192;
+  EXPECT_TRUE(f.bal.acquire(collide).needs_fill()) << "parts are compared, not only the key";
+  ASSERT_TRUE(f.cast(g));
+  EXPECT_EQ(f.bal.invalidate(5, 4096 + 1 * MiB - 1, 1), 2 * MiB) << "the last byte of the second part";
+  EXPECT_EQ(f.count(m, Subset::Weights), 0);
+}
+
+TEST(BalancerInvalidate, InvalidateModelDropsThatModelsPinsOnly) {
+  Fixture f(16);
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(a, 1)));
+  ASSERT_TRUE(f.cast(f.req(a, 2, Kind::Weights, true)));
+  ASSERT_TRUE(f.cast(f.req(a, 3, Kind::Patches)));
+  ASSERT_TRUE(f.cast(f.req(b, 1)));
+  EXPECT_EQ(f.bal.invalidate_model(a), 3 * U);
+  EXPECT_TRUE(f.bal.has_model(a)) << "the model stays registered";
+  EXPECT_EQ(f.bal.stats().models[0].total.pins, 0);
+  EXPECT_EQ(f.bal.stats().models[0].total.invalidated, 3);
+  EXPECT_TRUE(f.has(b, 1, Subset::Weights));
+  EXPECT_EQ(f.bal.invalidate(1, 0, U), U) << "the index forgot a's pins";
+  EXPECT_EQ(f.bal.invalidate_model(a), 0u);
+  EXPECT_THROW(f.bal.invalidate_model(424242), ValueError);
+}
+
+// ------------------------------------------------------------------ node boundaries, model options
+
+TEST(BalancerNode, EndNodeDropsPatchesAndClearsActiveButKeepsThePrompt) {
+  Fixture f(16);
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  f.bal.mark_prompt({a, b});
+  f.bal.set_active(a, true);
+  f.bal.set_active(b, true);
+  ASSERT_TRUE(f.cast(f.req(a, 1, Kind::Patches)));
+  Request loaded = f.req(a, 2, Kind::Patches, true);
+  loaded.signature = 4;
+  ASSERT_TRUE(f.cast(loaded));
+  ASSERT_TRUE(f.cast(f.req(b, 3)));
+  f.bal.end_node();
+  const BalancerStats st = f.bal.stats();
+  EXPECT_TRUE(st.prompt);
+  for (const ModelStats& ms : st.models) {
+    EXPECT_FALSE(ms.active) << ms.name;
+    EXPECT_TRUE(ms.in_prompt) << ms.name;
+  }
+  EXPECT_EQ(f.count(a, Subset::Patches), 0);
+  EXPECT_EQ(f.count(a, Subset::PatchesLoaded), 1);
+  EXPECT_TRUE(f.has(b, 3, Subset::Weights));
+  EXPECT_EQ(st.models[0].subsets[static_cast<int>(Subset::Patches)].dropped, 1);
+}
+
+TEST(BalancerCastPath, AFastDiskModelGetsNoLoadedPins) {
+  Fixture f(8);
+  const ModelId fast = f.bal.register_model("fast", "cuda:0", ModelOptions{.fast_disk = true});
+  const ModelId slow = f.bal.register_model("slow", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(fast, 1, Kind::Weights, true)));
+  ASSERT_TRUE(f.cast(f.req(slow, 2, Kind::Weights, true)));
+  Request patch = f.req(fast, 3, Kind::Patches, true);
+  patch.signature = 1;
+  ASSERT_TRUE(f.cast(patch));
+  EXPECT_TRUE(f.has(fast, 1, Subset::Weights));
+  EXPECT_TRUE(f.has(fast, 3, Subset::Patches));
+  EXPECT_TRUE(f.has(slow, 2, Subset::WeightsLoaded));
+  const BalancerStats st = f.bal.stats();
+  EXPECT_TRUE(st.models[0].options.fast_disk);
+  EXPECT_FALSE(st.models[1].options.fast_disk);
+  EXPECT_EQ(st.models[0].load_device, "cuda:0");
+}
+
+// ------------------------------------------------------------------ casts served from the source
+
+TEST(BalancerBypass, EveryReasonIsCountedPerModelAndGlobally) {
+  Fixture f(2);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  f.bal.mark_prompt({m});
+  f.bal.set_active(m, true);
+  const auto bypassed = [&](Bypass b) { return f.bal.stats().models.at(0).bypassed[static_cast<int>(b)]; };
+  // empty: no bytes, no pin, no miss.
+  EXPECT_FALSE(f.bal.acquire(f.req(m, 1, Kind::Weights, false, 0)));
+  EXPECT_EQ(bypassed(Bypass::Empty), 1);
+  EXPECT_EQ(f.bal.stats().total.misses, 0);
+  // busy: the pin is still being filled by another cast.
+  {
+    Lease filling = f.bal.acquire(f.req(m, 2));
+    EXPECT_FALSE(f.bal.acquire(f.req(m, 2)));
+    EXPECT_EQ(bypassed(Bypass::Busy), 1);
+    filling.filled();
+  }
+  // refused: the active model's streaming pins may not go, and there is no room.
+  ASSERT_TRUE(f.cast(f.req(m, 3)));
+  EXPECT_FALSE(f.cast(f.req(m, 4)));
+  EXPECT_EQ(bypassed(Bypass::Refused), 1);
+  // raced: another cast pins the same source while this one made room.
+  ASSERT_EQ(f.bal.free(2 * U, true), 2 * U);
+  {
+    Lease outer = f.bal.acquire(f.req(m, 5), [&]() -> std::unique_ptr<SourceGuard> {
+      EXPECT_TRUE(f.cast(f.req(m, 5)));  // the other thread's cast, inside this one's window
+      return nullptr;
+    });
+    EXPECT_FALSE(outer);
+  }
+  EXPECT_EQ(bypassed(Bypass::Raced), 1);
+  EXPECT_TRUE(f.has(m, 5, Subset::Weights));
+  // forgotten: the model went while its pin was being made (global only).
+  const int64_t refusals = f.bal.stats().refusals;
+  Lease orphan = f.bal.acquire(f.req(m, 6), [&]() -> std::unique_ptr<SourceGuard> {
+    f.bal.forget_model(m);
+    return nullptr;
+  });
+  EXPECT_FALSE(orphan);
+  const BalancerStats st = f.bal.stats();
+  EXPECT_EQ(st.bypassed[static_cast<int>(Bypass::Forgotten)], 1);
+  EXPECT_EQ(st.bypassed[static_cast<int>(Bypass::Empty)], 1);
+  EXPECT_EQ(st.bypassed[static_cast<int>(Bypass::Busy)], 1);
+  EXPECT_EQ(st.bypassed[static_cast<int>(Bypass::Refused)], 1);
+  EXPECT_EQ(st.bypassed[static_cast<int>(Bypass::Raced)], 1);
+  EXPECT_EQ(st.bypassed_all(), 5);
+  EXPECT_EQ(st.refusals, refusals) << "only the budget and the pool refuse";
+  EXPECT_EQ(f.pool.stats().blocks.current, 0);
+}
+
+TEST(BalancerBypass, APoolRefusalIsItsOwnReason) {
+  PoolOptions o = pool_opts();
+  o.cap = 2 * MiB;
+  HostPool pool(make_null_backend(), o);
+  FakeProbe probe(pool, 64 * GiB, 32 * GiB);
+  Balancer bal(base_config(), pool, probe);
+  const ModelId m = bal.register_model("m", "cuda:0");
+  Request r;
+  r.model = m;
+  r.key = PinKey{1, 0, 4 * MiB};
+  r.bytes = 4 * MiB;  // past the pool's cap; the budget has room
+  EXPECT_FALSE(bal.acquire(r));
+  const BalancerStats st = bal.stats();
+  EXPECT_EQ(st.bypassed[static_cast<int>(Bypass::Pool)], 1);
+  EXPECT_EQ(st.models[0].bypassed[static_cast<int>(Bypass::Pool)], 1);
+  EXPECT_EQ(st.refusals, 1);
+  bal.count_plain_copy();
+  bal.count_plain_copy();
+  EXPECT_EQ(bal.stats().plain_copies, 2);
+  EXPECT_STREQ(to_string(Bypass::Pool), "pool");
+  EXPECT_STREQ(to_string(Bypass::Empty), "empty");
+}
+
+// Eight threads cast, evict, invalidate and cross node and prompt boundaries over three models with
 // room for a fraction of their pins; every hit must read its own source's bytes.
 TEST(BalancerConcurrency, StressKeepsContentsAndAccounts) {
   HostPool pool(make_cpu_backend(false), pool_opts());
@@ -665,6 +938,10 @@ TEST(BalancerConcurrency, StressKeepsContentsAndAccounts) {
         } else if (op < 96) {
           bal.mark_prompt({m});
           bal.set_active(m, rng() % 2);
+        } else if (op < 98) {
+          bal.invalidate(rng() % 20, 0, 1 * MiB);  // pins being filled or leased elsewhere are detached
+        } else if (op < 99) {
+          bal.end_node();
         } else {
           bal.end_prompt();
         }

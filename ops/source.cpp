@@ -1,0 +1,107 @@
+#include "ops/source.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+
+#include "ops/allocator/torch_allocator.h"
+
+namespace pins::ops {
+namespace {
+
+class StorageGuard final : public SourceGuard {
+ public:
+  explicit StorageGuard(std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak) : weak_(std::move(weak)) {}
+  bool alive() const override {
+    return std::none_of(weak_.begin(), weak_.end(), [](const auto& w) { return w.expired(); });
+  }
+
+ private:
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_;
+};
+
+uint64_t layout_hash(const at::Tensor& t) {
+  if (t.is_contiguous()) return 0;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
+  for (int64_t s : t.sizes()) mix(s);
+  for (int64_t s : t.strides()) mix(s);
+  return h | 1;  // odd: a gathered pin's key is even (cast_many_to_device.cpp)
+}
+
+// The bytes of its storage `t` reaches from its first element (strides of a
+// CPU strided tensor are never negative).
+uint64_t span_bytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return static_cast<uint64_t>(last + 1) * t.element_size();
+}
+
+}  // namespace
+
+void check_source(const at::Tensor& t, const char* op, const std::string& argument) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", argument, " is an undefined tensor");
+  TORCH_CHECK_VALUE(t.layout() == c10::kStrided, op, ": ", argument, " must be a dense (strided) tensor, got layout ",
+                    t.layout());
+  TORCH_CHECK_VALUE(!t.is_quantized(), op, ": ", argument, " must not be quantized, got dtype ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", argument, " must be a CPU tensor, got device ", t.device());
+  TORCH_CHECK_VALUE(t.has_storage(), op, ": ", argument,
+                    " has no storage (a tensor wrapper subclass? torch_pins casts those through their inner "
+                    "tensors), got ",
+                    t.toString());
+}
+
+Kind check_cast_args(const char* op, int64_t model, c10::string_view kind) {
+  TORCH_CHECK_VALUE(model >= -1, op, ": model must be a registered model id or -1, got ", model);
+  TORCH_CHECK_VALUE(kind == "weights" || kind == "patches", op, ": kind must be 'weights' or 'patches', got '", kind,
+                    "'");
+  return kind == "weights" ? Kind::Weights : Kind::Patches;
+}
+
+SourcePart source_part(const at::Tensor& t) {
+  SourcePart p;
+  const uint64_t el = t.element_size();
+  p.key = PinKey{reinterpret_cast<uint64_t>(t.storage().unsafeGetStorageImpl()),
+                 static_cast<uint64_t>(t.storage_offset()) * el, static_cast<uint64_t>(t.numel()) * el, layout_hash(t)};
+  p.span = span_bytes(t);
+  // An inference tensor has no version counter: Note [Pin validity].
+  if (!t.is_inference()) p.version = static_cast<uint64_t>(t._version());
+  return p;
+}
+
+std::unique_ptr<SourceGuard> storage_guard(const std::vector<at::Tensor>& sources) {
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
+  std::vector<const c10::StorageImpl*> seen;
+  for (const at::Tensor& t : sources) {
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+    seen.push_back(impl);
+    weak.push_back(t.storage().getWeakStorageImpl());
+  }
+  return std::make_unique<StorageGuard>(std::move(weak));
+}
+
+at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
+                      bool non_blocking) {
+  at::Tensor out =
+      at::empty(source.sizes(), source.options().device(device).memory_format(at::MemoryFormat::Contiguous));
+  out.copy_(source, non_blocking);
+  return dtype && *dtype != source.scalar_type() ? out.to(*dtype) : out;
+}
+
+at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like) {
+  return at::from_blob(static_cast<char*>(lease.data()) + offset, like.sizes(),
+                       like.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+void fence(const Lease& lease, c10::Device device, bool non_blocking) {
+  if (!non_blocking || device.is_cpu()) return;
+  // The copy (and the conversion after it, on the same stream) may still be
+  // reading the pin when the op returns.
+  const c10::Stream stream = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+  record_stream(lease.data(), stream);
+}
+
+}  // namespace pins::ops

@@ -1,0 +1,53 @@
+// What the cast ops (cast_to_device, its out= overload, cast_many_to_device) and
+// invalidate share: the checks on a source, its identity as the balancer sees it
+// (Note [Pin validity] in csrc/balancer/registry.h), the weak guard on its
+// storage, and the copy from a pin (or the source) to the device.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "csrc/balancer/balancer.h"
+
+namespace pins::ops {
+
+// Checks that `t` can be a pin's source: defined, dense (strided), not
+// quantized, on the CPU, with a storage. A c10::ValueError names `op`,
+// `argument` ("source", "sources[2]") and what it got.
+void check_source(const at::Tensor& t, const char* op, const std::string& argument);
+
+// Checks model and kind (and returns the kind) for the cast ops.
+Kind check_cast_args(const char* op, int64_t model, c10::string_view kind);
+
+// The source's identity: storage, byte offset, size, layout (0 when
+// contiguous), the bytes of its storage it reaches, and its version counter
+// (none for an inference tensor).
+SourcePart source_part(const at::Tensor& t);
+
+// A weak hold on the storages of a pin's sources: alive while every one is.
+std::unique_ptr<SourceGuard> storage_guard(const std::vector<at::Tensor>& sources);
+
+// `source` copied to `device` (non_blocking when asked), then converted to
+// `dtype` on the device, exactly as source.to(device).to(dtype); a new
+// contiguous tensor.
+at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
+                      bool non_blocking);
+
+// A contiguous CPU tensor over a pin's bytes at `offset`: the same shape and
+// dtype as `like`.
+at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like);
+
+// Fences the pin behind `lease` against the copies just queued on `device`'s
+// current stream (non_blocking copies to a non-CPU device only): it is neither
+// evicted nor reused until the stream passes them.
+void fence(const Lease& lease, c10::Device device, bool non_blocking);
+
+}  // namespace pins::ops
