@@ -1,0 +1,404 @@
+"""torch_pins.comfy against a real ComfyUI checkout, on the CPU.
+
+Set COMFYUI_PATH to a checkout (scripts/comfyui_checkout.sh makes one and
+installs what these tests import); without it every test here is skipped.
+
+Prompts run through ComfyUI's own executor (execution.PromptExecutor, which
+runs every node inside torch.inference_mode()) with three small nodes defined
+here: a loader (weights written to a safetensors file, read back with
+comfy.utils.load_torch_file into a model of comfy.ops.manual_cast layers, fp16
+weights, fp32 compute, wrapped in a ModelPatcher), a LoRA node (comfy.lora.load_lora
+and ModelPatcher.add_patches, as ComfyUI's LoraLoaderModelOnly does) and a
+sampler that loads the model with comfy.model_management.load_models_gpu and runs
+4 steps. Each scenario runs once on plain ComfyUI and once with pins; outputs
+must be bit-identical.
+"""
+import gc
+import importlib
+import importlib.machinery
+import os
+import sys
+import types
+import uuid
+
+import pytest
+import torch
+
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+pytestmark = pytest.mark.skipif(
+    not COMFYUI_PATH,
+    reason="COMFYUI_PATH is not set: these tests need a ComfyUI checkout (scripts/comfyui_checkout.sh)")
+
+STEPS = 4
+PROMPTS = 3
+# Packages ComfyUI imports at module level that the CPU build of torch here
+# cannot have (PyPI's torchvision does not load beside this torch): stood in by
+# empty modules when missing; no code path used here calls them.
+OPTIONAL_IMPORTS = ["torchvision", "torchvision.transforms", "torchaudio", "torchaudio.transforms"]
+
+
+@pytest.fixture(scope="module")
+def comfyui():
+    """ComfyUI imported on the CPU; its path, the stand-in modules and the test
+    nodes removed again afterwards."""
+    added_path = COMFYUI_PATH not in sys.path
+    if added_path:
+        sys.path.insert(0, COMFYUI_PATH)
+    stubs = []
+    for name in OPTIONAL_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            module = types.ModuleType(name)
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+            sys.modules[name] = module
+            parent, _, child = name.rpartition(".")
+            if parent:
+                setattr(sys.modules[parent], child, module)
+            stubs.append(name)
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True
+    import comfy.model_management
+    import comfy.model_patcher
+    import comfy.ops
+    import comfy.utils
+    import comfy.lora
+    import execution
+    import nodes
+
+    assert comfy.model_management.get_torch_device() == torch.device("cpu")
+    ns = types.SimpleNamespace(mm=comfy.model_management, mp=comfy.model_patcher, ops=comfy.ops,
+                               utils=comfy.utils, lora=comfy.lora, execution=execution, nodes=nodes)
+    test_nodes = _test_nodes(ns)
+    nodes.NODE_CLASS_MAPPINGS.update(test_nodes)
+    yield ns
+    RUN.clear()  # the last patcher, before ComfyUI's modules go at exit
+    gc.collect()
+    for name in test_nodes:
+        nodes.NODE_CLASS_MAPPINGS.pop(name, None)
+    for name in stubs:
+        sys.modules.pop(name, None)
+    if added_path:
+        sys.path.remove(COMFYUI_PATH)
+
+
+@pytest.fixture
+def integration(comfyui, pins, monkeypatch):
+    import torch_pins.comfy as integration
+
+    monkeypatch.delenv(integration.ENV_VAR, raising=False)
+    integration.disable()
+    yield integration
+    integration.disable()
+    comfyui.mm.unload_all_models()
+
+
+RUN = {}  # what the test nodes saw, read by the tests
+
+
+def _tiny_net(ops):
+    class TinyNet(torch.nn.Module):
+        """A few of ComfyUI's manual_cast layers, fp16 weights, fp32 compute."""
+
+        def __init__(self):
+            super().__init__()
+            dt = torch.float16
+            self.proj_in = ops.manual_cast.Linear(32, 64, dtype=dt)
+            self.norm = ops.manual_cast.GroupNorm(8, 64, dtype=dt)
+            self.conv = ops.manual_cast.Conv2d(4, 4, 3, padding=1, dtype=dt)
+            self.proj_out = ops.manual_cast.Linear(64, 32, bias=False, dtype=dt)
+
+        def forward(self, x):
+            h = self.norm(self.proj_in(x))
+            h = self.conv(h.reshape(h.shape[0], 4, 4, 4)).reshape(h.shape[0], 64)
+            return self.proj_out(torch.nn.functional.silu(h))
+
+    return TinyNet
+
+
+def _test_nodes(c):
+    TinyNet = _tiny_net(c.ops)
+
+    class PinsTestLoader:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"path": ("STRING", {"default": ""})}}
+
+        RETURN_TYPES = ("MODEL",)
+        FUNCTION = "load"
+        CATEGORY = "testing"
+
+        def load(self, path):
+            sd = c.utils.load_torch_file(path)
+            net = TinyNet()
+            net.load_state_dict(sd)
+            RUN["inference_weights"] = all(p.is_inference() for p in net.parameters())
+            patcher = c.mp.ModelPatcher(net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+            RUN["patcher"] = patcher
+            return (patcher,)
+
+    class PinsTestLora:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"model": ("MODEL",), "path": ("STRING", {"default": ""}),
+                                 "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0})}}
+
+        RETURN_TYPES = ("MODEL",)
+        FUNCTION = "apply"
+        CATEGORY = "testing"
+
+        def apply(self, model, path, strength):
+            lora = c.utils.load_torch_file(path)
+            key_map = {"lora.proj_in": "proj_in.weight", "lora.proj_out": "proj_out.weight"}
+            patched = model.clone()
+            patched.add_patches(c.lora.load_lora(lora, key_map), strength)
+            return (patched,)
+
+    class PinsTestSampler:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"model": ("MODEL",), "seed": ("INT", {"default": 0, "min": 0, "max": 1 << 30}),
+                                 "lowvram": ("BOOLEAN", {"default": False})}}
+
+        RETURN_TYPES = ("LATENT",)
+        FUNCTION = "sample"
+        CATEGORY = "testing"
+
+        def sample(self, model, seed, lowvram):
+            import torch_pins as pins
+
+            c.mm.load_models_gpu([model])
+            if lowvram:  # what ComfyUI does when VRAM runs short: stream the weights, patch on the fly
+                model.partially_unload(model.offload_device, 1e30)
+            x = torch.randn(2, 32, generator=torch.Generator().manual_seed(seed))
+            for _ in range(STEPS):
+                before = pins.stats()
+                x = x + 0.25 * model.model(x)
+                RUN.setdefault("steps", []).append((before, pins.stats()))
+            return ({"samples": x},)
+
+    class PinsTestOutput:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"samples": ("LATENT",)}}
+
+        RETURN_TYPES = ()
+        FUNCTION = "store"
+        OUTPUT_NODE = True
+        CATEGORY = "testing"
+
+        def store(self, samples):
+            RUN.setdefault("outputs", []).append(samples["samples"].clone())
+            return {}
+
+    return {"PinsTestLoader": PinsTestLoader, "PinsTestLora": PinsTestLora,
+            "PinsTestSampler": PinsTestSampler, "PinsTestOutput": PinsTestOutput}
+
+
+class _Server:
+    """What PromptExecutor needs of ComfyUI's server when no client listens."""
+    client_id = None
+    last_node_id = None
+    last_prompt_id = None
+
+    def send_sync(self, *args, **kwargs):
+        pass
+
+
+def _write_weights(path, seed):
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"proj_in.weight": (64, 32), "proj_in.bias": (64,), "norm.weight": (64,), "norm.bias": (64,),
+              "conv.weight": (4, 4, 3, 3), "conv.bias": (4,), "proj_out.weight": (32, 64)}
+    save_file({k: (torch.randn(s, generator=g) * 0.2).half() for k, s in shapes.items()}, str(path))
+    return str(path)
+
+
+def _write_lora(path, seed, rank=4):
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for prefix, (out_dim, in_dim) in {"lora.proj_in": (64, 32), "lora.proj_out": (32, 64)}.items():
+        sd[f"{prefix}.lora_up.weight"] = (torch.randn(out_dim, rank, generator=g) * 0.1).half()
+        sd[f"{prefix}.lora_down.weight"] = (torch.randn(rank, in_dim, generator=g) * 0.1).half()
+        sd[f"{prefix}.alpha"] = torch.tensor(float(rank))
+    save_file(sd, str(path))
+    return str(path)
+
+
+def _graph(weights, seed, lora=None, strength=1.0, lowvram=False):
+    graph = {"1": {"class_type": "PinsTestLoader", "inputs": {"path": weights}}}
+    model = ["1", 0]
+    if lora is not None:
+        graph["2"] = {"class_type": "PinsTestLora", "inputs": {"model": model, "path": lora, "strength": strength}}
+        model = ["2", 0]
+    graph["3"] = {"class_type": "PinsTestSampler", "inputs": {"model": model, "seed": seed, "lowvram": lowvram}}
+    graph["4"] = {"class_type": "PinsTestOutput", "inputs": {"samples": ["3", 0]}}
+    return graph
+
+
+def _run(comfyui, graphs, between=None):
+    """Runs the graphs as prompts through one executor (so the loader's model is
+    cached across prompts, as in ComfyUI); ``between(i)`` runs before prompt i."""
+    RUN.clear()
+    executor = comfyui.execution.PromptExecutor(_Server(), cache_type=False)
+    for i, graph in enumerate(graphs):
+        if between is not None:
+            between(i)
+        executor.execute(graph, str(uuid.uuid4()), {}, ["4"])
+        errors = [m for m in executor.status_messages if m[0] == "execution_error"]
+        assert executor.success and not errors, errors
+    import torch_pins.comfy as integration
+
+    model = integration.model_id(RUN["patcher"])
+    comfyui.mm.unload_all_models()
+    return types.SimpleNamespace(outputs=list(RUN["outputs"]), steps=list(RUN.get("steps", ())),
+                                 inference_weights=RUN.get("inference_weights"), model=model)
+
+
+def _delta(steps, key):
+    """Per step, how much the counter ``key`` of pins.stats() grew."""
+    return [after.get(key, 0) - before.get(key, 0) for before, after in steps]
+
+
+def _equal(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_weights_loaded_in_inference_mode_hit_from_the_second_step(comfyui, integration, tmp_path):
+    weights = _write_weights(tmp_path / "model.safetensors", 1)
+    graphs = [_graph(weights, seed) for seed in range(PROMPTS)]
+    plain = _run(comfyui, graphs)
+    assert plain.model == -1
+    assert integration.enable(cpu_targets=True)
+    served = _run(comfyui, graphs)
+    assert served.inference_weights, "the loader ran inside the executor's inference_mode"
+    assert _equal(served.outputs, plain.outputs), "pins changed the outputs"
+    s = integration.stats()
+    assert s.get("errors", 0) == 0 and s["casts"] == PROMPTS * STEPS * 4, s
+    assert s["gathered"] == PROMPTS * STEPS * 3  # proj_in, norm, conv: weight and bias in one pin
+    hits = _delta(served.steps, f"model.{served.model}.hits")
+    misses = _delta(served.steps, f"model.{served.model}.misses")
+    assert misses[0] == 4 and hits[0] == 0, (hits, misses)   # the first step pins each module once
+    assert hits[1:] == [4] * (PROMPTS * STEPS - 1), hits      # every later step, every prompt: hits
+    assert misses[1:] == [0] * (PROMPTS * STEPS - 1), misses
+
+
+def test_a_weight_rewritten_with_copy_to_param_is_never_served_stale(comfyui, integration, tmp_path):
+    weights = _write_weights(tmp_path / "model.safetensors", 2)
+    graphs = [_graph(weights, seed) for seed in range(PROMPTS)]
+
+    def rewrite(i):
+        if i == 0:
+            return
+        with torch.inference_mode():  # as ComfyUI writes: .data of an inference tensor, no version counter
+            new = torch.full((64, 32), 0.01 * i, dtype=torch.float16)
+            comfyui.utils.copy_to_param(RUN["patcher"].model, "proj_in.weight", new)
+
+    unwritten = _run(comfyui, graphs)
+    plain = _run(comfyui, graphs, between=rewrite)
+    assert _equal(plain.outputs[:1], unwritten.outputs[:1])
+    assert not any(torch.equal(a, b) for a, b in zip(plain.outputs[1:], unwritten.outputs[1:])), \
+        "the rewrite changes the outputs"
+    assert integration.enable(cpu_targets=True)
+    served = _run(comfyui, graphs, between=rewrite)
+    assert _equal(served.outputs, plain.outputs), "a pin served the bytes from before copy_to_param"
+    s = integration.stats()
+    pinned_proj_in = (64 * 32 + 64) * 2  # weight and bias in one gathered pin, fp16
+    assert s["invalidations"] == PROMPTS - 1 and s["invalidated_bytes"] == (PROMPTS - 1) * pinned_proj_in, s
+    misses = _delta(served.steps, f"model.{served.model}.misses")
+    assert misses[STEPS] == 1 and misses[2 * STEPS] == 1, misses  # only the rewritten module is pinned again
+
+
+def test_lowvram_lora_patches_follow_their_signature(comfyui, integration, tmp_path):
+    weights = _write_weights(tmp_path / "model.safetensors", 3)
+    lora_a = _write_lora(tmp_path / "a.safetensors", 10)
+    lora_b = _write_lora(tmp_path / "b.safetensors", 11)
+    graphs = [_graph(weights, 5, lora_a, 1.0, lowvram=True),
+              _graph(weights, 5, lora_b, 1.0, lowvram=True),   # a LoRA swap
+              _graph(weights, 5, lora_a, 0.5, lowvram=True),   # same factors, another patch set
+              _graph(weights, 5, lora_a, 1.0, lowvram=True)]
+    plain = _run(comfyui, graphs).outputs
+    assert not _equal(plain[:1], plain[1:2]) and not _equal(plain[:1], plain[2:3])
+    assert _equal(plain[:1], plain[3:4])
+    assert integration.enable(cpu_targets=True)
+    served = _run(comfyui, graphs)
+    assert _equal(served.outputs, plain), "pins changed a patched output"
+    s = integration.stats()
+    assert s.get("errors", 0) == 0 and s["patch_casts"] == len(graphs) * STEPS * 4, s
+    patch_hits = _delta(served.steps, "patches.hits")
+    patch_misses = _delta(served.steps, "patches.misses")
+    for p in range(len(graphs)):  # each prompt: the factors pinned at its first step, hits after
+        assert patch_misses[p * STEPS] == 4, patch_misses
+        assert patch_hits[p * STEPS + 1:(p + 1) * STEPS] == [4] * (STEPS - 1), patch_hits
+    # The streamed weights are the unpatched ones ComfyUI restores from its backup
+    # every prompt: pinned once, served from then on, across the LoRA swaps.
+    weight_misses = _delta(served.steps, "weights.misses")
+    assert weight_misses == [4] + [0] * (len(graphs) * STEPS - 1), weight_misses
+
+
+def test_disabled_is_plain_comfyui_bit_for_bit(comfyui, integration, tmp_path):
+    weights = _write_weights(tmp_path / "model.safetensors", 4)
+    lora = _write_lora(tmp_path / "a.safetensors", 12)
+    graphs = [_graph(weights, 1), _graph(weights, 2, lora, 0.8, lowvram=True)]
+    originals = (comfyui.ops.cast_bias_weight, comfyui.mm.cast_to_device, comfyui.mm.load_models_gpu,
+                 comfyui.utils.copy_to_param, comfyui.execution.execute)
+    plain = _run(comfyui, graphs).outputs
+    with integration.enabled(cpu_targets=True):
+        served = _run(comfyui, graphs).outputs
+    after = _run(comfyui, graphs).outputs
+    assert _equal(served, plain) and _equal(after, plain)
+    assert (comfyui.ops.cast_bias_weight, comfyui.mm.cast_to_device, comfyui.mm.load_models_gpu,
+            comfyui.utils.copy_to_param, comfyui.execution.execute) == originals
+
+
+def test_switched_off_by_the_environment(comfyui, integration, monkeypatch, tmp_path):
+    monkeypatch.setenv(integration.ENV_VAR, "0")
+    original = comfyui.ops.cast_bias_weight
+    assert integration.enable(cpu_targets=True) is False
+    assert comfyui.ops.cast_bias_weight is original
+
+
+def test_every_hook_point_of_this_comfyui_is_found(comfyui, integration):
+    assert integration.enable()
+    missing = integration.stats()["missing"]
+    # RAM points that only newer ComfyUI has are looked up only where present
+    assert missing == [], missing
+
+
+def test_models_are_registered_by_class_and_forgotten_with_their_weights(comfyui, integration, pins):
+    assert integration.enable()
+    net = _tiny_net(comfyui.ops)()
+    patcher = comfyui.mp.ModelPatcher(net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+    clone = patcher.clone()
+    model = integration.model_id(patcher)
+    assert model >= 0 and integration.model_id(clone) == model
+    assert f"model.{model}.hits" in pins.stats() and "model.TinyNet.hits" in pins.stats()
+    models = pins.stats()["models"]
+    del net, patcher, clone
+    gc.collect()
+    assert pins.stats()["models"] == models - 1
+
+
+def test_comfyuis_quantized_tensor_is_cast_as_itself(comfyui, integration, pins):
+    quant = pytest.importorskip("comfy.quant_ops", reason="this ComfyUI has no comfy.quant_ops (QuantizedTensor)")
+    QuantizedTensor = getattr(quant, "QuantizedTensor", None)
+    layout = getattr(quant, "TensorCoreFP8Layout", None)
+    if QuantizedTensor is None or layout is None or not hasattr(QuantizedTensor, "__tensor_flatten__"):
+        pytest.skip("this ComfyUI's QuantizedTensor has no flatten protocol or no FP8 layout")
+    with torch.inference_mode():
+        weight = torch.randn(64, 32)
+        q = QuantizedTensor.from_float(weight, "TensorCoreFP8Layout", scale=torch.tensor(0.01))
+    model = pins.register_model("quantized", "cpu")
+    try:
+        before = pins.stats()
+        out = [pins.cast_to_device(q, "cpu", model=model) for _ in range(3)]
+        after = pins.stats()
+    finally:
+        pins.forget_model(model)
+    assert all(type(o) is QuantizedTensor for o in out)
+    assert all(torch.equal(o.dequantize(), q.dequantize()) for o in out)
+    assert after["misses"] - before["misses"] == 1 and after["hits"] - before["hits"] == 2

@@ -1,0 +1,576 @@
+"""torch_pins.comfy against small stand-ins for ComfyUI's modules: the hook logic
+(what is routed, what falls back and why, the boundaries, invalidation, RAM
+pressure, disable) without a ComfyUI checkout. test_comfy.py runs the same
+integration against a real ComfyUI when COMFYUI_PATH is set.
+
+The stand-ins have ComfyUI's function names and call shapes, and behaviour just
+large enough to check results against: they are not ComfyUI's code."""
+import asyncio
+import gc
+import logging
+import sys
+import types
+
+import pytest
+import torch
+
+
+def _stand_in_comfy(with_executor=True, with_ram_points=True):
+    """Fresh stand-in modules: comfy, comfy.ops, comfy.model_management,
+    comfy.utils, comfy.model_patcher and (optionally) execution."""
+    comfy = types.ModuleType("comfy")
+    comfy.__path__ = []
+    mm = types.ModuleType("comfy.model_management")
+    ops = types.ModuleType("comfy.ops")
+    utils = types.ModuleType("comfy.utils")
+    mp = types.ModuleType("comfy.model_patcher")
+    mm.calls = []
+    mm.unloads = []  # what free_memory reports it unloaded
+
+    def cast_to(weight, dtype=None, device=None, non_blocking=False, copy=False):
+        if device is None or weight.device == device:
+            if not copy and (dtype is None or weight.dtype == dtype):
+                return weight
+            return weight.to(dtype=dtype, copy=copy)
+        r = torch.empty_like(weight, dtype=dtype, device=device)
+        r.copy_(weight, non_blocking=non_blocking)
+        return r
+
+    def cast_to_device(tensor, device, dtype, copy=False):
+        return cast_to(tensor, dtype=dtype, device=device, copy=copy)
+
+    def load_models_gpu(models, memory_required=0, force_patch_weights=False):
+        mm.calls.append(("load_models_gpu", list(models)))
+
+    def free_memory(memory_required, device, keep_loaded=[]):
+        mm.calls.append(("free_memory", memory_required, device))
+        return list(mm.unloads)
+
+    mm.cast_to, mm.cast_to_device = cast_to, cast_to_device
+    mm.load_models_gpu = load_models_gpu
+    mm.device_supports_non_blocking = lambda device: False
+    mm.free_ram_reported = 64 << 30
+    mm.get_free_memory = lambda dev=None, torch_free_too=False: mm.free_ram_reported
+    if with_ram_points:
+        mm.free_memory = free_memory
+
+    def cast_bias_weight(s, input=None, dtype=None, device=None, bias_dtype=None):
+        if input is not None:
+            dtype = input.dtype if dtype is None else dtype
+            bias_dtype = dtype if bias_dtype is None else bias_dtype
+            device = input.device if device is None else device
+        bias = None
+        if s.bias is not None:
+            bias = mm.cast_to(s.bias, bias_dtype, device, copy=len(s.bias_function) > 0)
+            for f in s.bias_function:
+                bias = f(bias)
+        weight = mm.cast_to(s.weight, dtype, device, copy=len(s.weight_function) > 0)
+        for f in s.weight_function:
+            weight = f(weight)
+        return weight, bias
+
+    class Linear(torch.nn.Linear):
+        weight_function = []
+        bias_function = []
+
+        def forward(self, x):
+            w, b = ops.cast_bias_weight(self, x)
+            return torch.nn.functional.linear(x, w, b)
+
+    ops.cast_bias_weight = cast_bias_weight
+    ops.Linear = Linear
+
+    def get_attr(obj, attr):
+        for name in attr.split("."):
+            obj = getattr(obj, name)
+        return obj
+
+    def set_attr(obj, attr, value):
+        *path, last = attr.split(".")
+        for name in path:
+            obj = getattr(obj, name)
+        prev = getattr(obj, last)
+        setattr(obj, last, value)
+        return prev
+
+    def set_attr_param(obj, attr, value):
+        return set_attr(obj, attr, torch.nn.Parameter(value, requires_grad=False))
+
+    def copy_to_param(obj, attr, value):
+        get_attr(obj, attr).data.copy_(value)
+
+    utils.get_attr, utils.set_attr, utils.set_attr_param, utils.copy_to_param = \
+        get_attr, set_attr, set_attr_param, copy_to_param
+
+    class LowVramPatch:
+        """A patch function shaped like ComfyUI's: adds up @ down, whose factors
+        it brings over with comfy.model_management.cast_to_device."""
+
+        def __init__(self, key, patches):
+            self.key, self.patches = key, patches
+
+        def __call__(self, weight):
+            for strength, (up, down), _, _, _ in self.patches[self.key]:
+                up = mm.cast_to_device(up, weight.device, torch.float32)
+                down = mm.cast_to_device(down, weight.device, torch.float32)
+                weight += (strength * (up @ down)).to(weight.dtype)
+            return weight
+
+    class ModelPatcher:
+        def __init__(self, model, load_device, offload_device):
+            self.model, self.load_device, self.offload_device = model, load_device, offload_device
+            self.patches = {}
+
+        def clone(self):
+            n = self.__class__(self.model, self.load_device, self.offload_device)
+            n.patches = {k: v[:] for k, v in self.patches.items()}
+            return n
+
+        def model_patches_models(self):
+            return []
+
+        def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
+            if key not in self.patches:
+                return
+            weight = utils.get_attr(self.model, key)
+            out = weight.to(torch.float32, copy=True)
+            for strength, (up, down), _, _, _ in self.patches[key]:
+                out += strength * (up.float() @ down.float())
+            weight.data.copy_(out.to(weight.dtype))  # like a set_func writing .data
+
+    mp.ModelPatcher, mp.LowVramPatch = ModelPatcher, LowVramPatch
+    comfy.ops, comfy.model_management, comfy.utils, comfy.model_patcher = ops, mm, utils, mp
+    modules = {"comfy": comfy, "comfy.ops": ops, "comfy.model_management": mm,
+               "comfy.utils": utils, "comfy.model_patcher": mp}
+
+    if with_executor:
+        execution = types.ModuleType("execution")
+        execution.log = []
+
+        async def execute(server, prompt, node_id):
+            execution.log.append(("node", node_id))
+            return server.run_node(prompt, node_id)
+
+        class PromptExecutor:
+            def __init__(self, server):
+                self.server = server
+
+            def execute(self, prompt, prompt_id):
+                asyncio.run(self.execute_async(prompt, prompt_id))
+
+            async def execute_async(self, prompt, prompt_id):
+                execution.log.append(("prompt", prompt_id))
+                with torch.inference_mode():
+                    for node_id in prompt:
+                        await execution.execute(self.server, prompt, node_id)
+
+        execution.execute, execution.PromptExecutor = execute, PromptExecutor
+        modules["execution"] = execution
+    return modules
+
+
+class _Recorder:
+    """Stands in for the torch_pins module inside torch_pins.comfy: records each
+    call and runs the real op."""
+
+    def __init__(self, real):
+        self._real, self.calls = real, []
+
+    def __getattr__(self, name):
+        target = getattr(self._real, name)
+        if not callable(target):
+            return target
+
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return target(*args, **kwargs)
+        return call
+
+    def names(self):
+        return [c[0] for c in self.calls]
+
+
+class TinyNet(torch.nn.Module):
+    def __init__(self, ops, dtype=torch.float16):
+        super().__init__()
+        self.l1 = ops.Linear(8, 16, dtype=dtype)
+        self.l2 = ops.Linear(16, 4, bias=False, dtype=dtype)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x)))
+
+
+@pytest.fixture
+def comfy_env(monkeypatch, pins):
+    """Stand-in ComfyUI in sys.modules, torch_pins.comfy's pins calls recorded;
+    the integration disabled again afterwards."""
+    import torch_pins.comfy as integration
+
+    modules = _stand_in_comfy()
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    recorder = _Recorder(pins)
+    monkeypatch.setattr(integration, "pins", recorder)
+    monkeypatch.delenv(integration.ENV_VAR, raising=False)
+    yield types.SimpleNamespace(m=modules, rec=recorder, integration=integration, pins=pins)
+    integration.disable()
+
+
+def _net_and_patcher(env, weights_in_inference_mode=True):
+    ops, mp = env.m["comfy.ops"], env.m["comfy.model_patcher"]
+    torch.manual_seed(0)
+    net = TinyNet(ops)
+    if weights_in_inference_mode:  # as ComfyUI's executor loads them
+        with torch.inference_mode():
+            state = {k: v.clone() for k, v in net.state_dict().items()}
+            net = TinyNet(ops)
+            net.load_state_dict(state)
+    return net, mp.ModelPatcher(net, torch.device("cpu"), torch.device("cpu"))
+
+
+def _plain_forward(net, x):
+    w1, b1, w2 = (t.float() for t in (net.l1.weight, net.l1.bias, net.l2.weight))
+    return torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, w1, b1)), w2)
+
+
+def test_enable_then_disable_restores_every_original(comfy_env):
+    m = comfy_env.m
+    originals = {
+        ("comfy.ops", "cast_bias_weight"): m["comfy.ops"].cast_bias_weight,
+        ("comfy.model_management", "cast_to_device"): m["comfy.model_management"].cast_to_device,
+        ("comfy.model_management", "load_models_gpu"): m["comfy.model_management"].load_models_gpu,
+        ("comfy.model_management", "free_memory"): m["comfy.model_management"].free_memory,
+        ("comfy.utils", "copy_to_param"): m["comfy.utils"].copy_to_param,
+        ("execution", "execute"): m["execution"].execute,
+    }
+    patcher_init = vars(m["comfy.model_patcher"].ModelPatcher)["__init__"]
+    execute_async = vars(m["execution"].PromptExecutor)["execute_async"]
+    assert comfy_env.integration.enable() is True
+    assert comfy_env.integration.enable() is True  # again: nothing changes
+    for (module, name), original in originals.items():
+        assert getattr(m[module], name) is not original, f"{module}.{name} not hooked"
+    assert m["comfy.model_patcher"].ModelPatcher.__init__ is not patcher_init
+    comfy_env.integration.disable()
+    for (module, name), original in originals.items():
+        assert getattr(m[module], name) is original, f"{module}.{name} not restored"
+    assert vars(m["comfy.model_patcher"].ModelPatcher)["__init__"] is patcher_init
+    assert vars(m["execution"].PromptExecutor)["execute_async"] is execute_async
+    assert comfy_env.integration.stats() == {"enabled": False}
+
+
+def test_an_inherited_method_is_hooked_on_the_class_and_unhooked_by_deletion(comfy_env):
+    mp = comfy_env.m["comfy.model_patcher"]
+    base = mp.ModelPatcher
+    # a ComfyUI whose ModelPatcher inherits the writer from a base class
+    mp.ModelPatcher = type("ModelPatcher", (base,), {"__init__": base.__init__})
+    comfy_env.integration.enable()
+    assert "patch_weight_to_device" in vars(mp.ModelPatcher)
+    comfy_env.integration.disable()
+    assert "patch_weight_to_device" not in vars(mp.ModelPatcher)
+    assert mp.ModelPatcher.patch_weight_to_device is base.patch_weight_to_device
+
+
+def test_env_var_switches_it_off(comfy_env, monkeypatch):
+    monkeypatch.setenv(comfy_env.integration.ENV_VAR, "0")
+    original = comfy_env.m["comfy.ops"].cast_bias_weight
+    assert comfy_env.integration.enable() is False
+    assert comfy_env.m["comfy.ops"].cast_bias_weight is original
+    assert not comfy_env.integration.is_enabled()
+    with comfy_env.integration.enabled() as on:
+        assert on is False
+
+
+def test_context_manager_enables_for_the_block(comfy_env):
+    original = comfy_env.m["comfy.ops"].cast_bias_weight
+    with comfy_env.integration.enabled(cpu_targets=True) as on:
+        assert on is True
+        assert comfy_env.m["comfy.ops"].cast_bias_weight is not original
+    assert comfy_env.m["comfy.ops"].cast_bias_weight is original
+
+
+def test_a_missing_hook_point_is_reported_once_not_fatal(monkeypatch, pins, caplog):
+    import torch_pins.comfy as integration
+
+    modules = _stand_in_comfy(with_executor=False, with_ram_points=False)
+    del modules["comfy.ops"].cast_bias_weight
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "execution", raising=False)
+    with caplog.at_level(logging.WARNING, logger="torch_pins.comfy"):
+        try:
+            assert integration.enable() is True
+            missing = integration.stats()["missing"]
+        finally:
+            integration.disable()
+    assert "comfy.ops.cast_bias_weight" in missing
+    assert "comfy.model_management.free_memory" in missing
+    assert "execution.execute" in missing
+    assert len([r for r in caplog.records if "lacks" in r.getMessage()]) == 1
+
+
+def test_enable_without_comfyui_says_so(monkeypatch):
+    import torch_pins.comfy as integration
+
+    monkeypatch.delenv(integration.ENV_VAR, raising=False)
+    monkeypatch.setitem(sys.modules, "comfy", None)  # import comfy fails
+    monkeypatch.setitem(sys.modules, "comfy.model_management", None)
+    with pytest.raises(ImportError, match="ComfyUI"):
+        integration.enable()
+    assert not integration.is_enabled()
+
+
+def test_patchers_register_one_model_per_weight_module_and_forget_it_with_them(comfy_env):
+    comfy_env.integration.enable()
+    net, patcher = _net_and_patcher(comfy_env)
+    clone = patcher.clone()
+    other = comfy_env.m["comfy.model_patcher"].ModelPatcher(TinyNet(comfy_env.m["comfy.ops"]),
+                                                            torch.device("cpu"), torch.device("cpu"))
+    registered = [c for c in comfy_env.rec.calls if c[0] == "register_model"]
+    assert [c[1][0] for c in registered] == ["TinyNet", "TinyNet"]  # pins tells repeated names apart
+    assert registered[0][2] == {"fast_disk": False}
+    model = comfy_env.integration.model_id(patcher)
+    assert model >= 0 and comfy_env.integration.model_id(clone) == model
+    assert comfy_env.integration.model_id(net.l1) == model
+    assert comfy_env.integration.model_id(other) not in (-1, model)
+    assert comfy_env.integration.stats()["models"] == 2
+    del net, patcher, clone
+    gc.collect()
+    assert ("forget_model", (model,), {}) in comfy_env.rec.calls
+    assert comfy_env.integration.stats()["models"] == 1
+
+
+def test_disable_forgets_the_models(comfy_env):
+    comfy_env.integration.enable()
+    net, patcher = _net_and_patcher(comfy_env)
+    model = comfy_env.integration.model_id(patcher)
+    comfy_env.integration.disable()
+    assert ("forget_model", (model,), {}) in comfy_env.rec.calls
+    with pytest.raises(ValueError):
+        comfy_env.pins.forget_model(model)  # already gone
+
+
+def test_weight_and_bias_go_through_one_gathered_pin_and_hit_from_the_second_step(comfy_env):
+    comfy_env.integration.enable(cpu_targets=True)
+    net, patcher = _net_and_patcher(comfy_env)
+    model = comfy_env.integration.model_id(patcher)
+    assert net.l1.weight.is_inference()
+    x = torch.randn(3, 8)
+    expected = _plain_forward(net, x)
+    hits = []
+    for step in range(4):
+        before = comfy_env.pins.stats()
+        with torch.inference_mode():
+            out = net(x)
+        after = comfy_env.pins.stats()
+        assert torch.equal(out, expected), f"step {step}"
+        hits.append(after[f"model.{model}.hits"] - before.get(f"model.{model}.hits", 0))
+    assert hits == [0, 2, 2, 2], "two modules: a miss each, then a hit each per step"
+    gathered = [c for c in comfy_env.rec.calls if c[0] == "cast_many_to_device"]
+    assert len(gathered) == 4 and all(len(c[1][0]) == 2 for c in gathered)
+    s = comfy_env.integration.stats()
+    assert s["casts"] == 8 and s["gathered"] == 4 and s.get("errors", 0) == 0
+
+
+def test_without_cpu_targets_a_cpu_cast_stays_comfyuis(comfy_env):
+    comfy_env.integration.enable()
+    net, _ = _net_and_patcher(comfy_env)
+    x = torch.randn(2, 8)
+    assert torch.equal(net(x), _plain_forward(net, x))
+    assert comfy_env.integration.stats()["fallback.cpu-target"] == 2
+    assert "cast_many_to_device" not in comfy_env.rec.names()
+
+
+def test_unregistered_modules_and_dynamic_vram_modules_fall_back(comfy_env):
+    comfy_env.integration.enable(cpu_targets=True)
+    ops = comfy_env.m["comfy.ops"]
+    loose = ops.Linear(8, 4, dtype=torch.float16)  # no ModelPatcher
+    x = torch.randn(2, 8)
+    assert torch.equal(loose(x), torch.nn.functional.linear(x, loose.weight.float(), loose.bias.float()))
+    net, _ = _net_and_patcher(comfy_env)
+    net.l2._v = object()  # ComfyUI's dynamic VRAM pins such modules itself
+    net(x)
+    s = comfy_env.integration.stats()
+    assert s["fallback.unregistered"] == 1
+    assert s["fallback.dynamic-vram"] == 1
+    assert s["casts"] == 1
+
+
+def test_a_failing_pins_call_falls_back_to_comfyui_and_is_counted(comfy_env, monkeypatch, caplog):
+    comfy_env.integration.enable(cpu_targets=True)
+    net, _ = _net_and_patcher(comfy_env)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no pin today")
+
+    monkeypatch.setattr(comfy_env.rec, "cast_many_to_device", broken, raising=False)
+    monkeypatch.setattr(comfy_env.rec, "cast_to_device", broken, raising=False)
+    x = torch.randn(2, 8)
+    with caplog.at_level(logging.WARNING, logger="torch_pins.comfy"):
+        for _ in range(3):
+            assert torch.equal(net(x), _plain_forward(net, x))
+    assert comfy_env.integration.stats()["errors"] == 6
+    assert len([r for r in caplog.records if "no pin today" in r.getMessage()]) == 1
+
+
+def test_lowvram_patch_factors_go_through_pins_as_patches_with_the_patch_set_signature(comfy_env):
+    comfy_env.integration.enable(cpu_targets=True)
+    net, patcher = _net_and_patcher(comfy_env)
+    model = comfy_env.integration.model_id(patcher)
+    mp = comfy_env.m["comfy.model_patcher"]
+    with torch.inference_mode():
+        up, down = torch.randn(16, 2, dtype=torch.float16), torch.randn(2, 8, dtype=torch.float16)
+    patcher.patches["l1.weight"] = [(0.5, (up, down), 1.0, None, None)]
+    net.l1.weight_function = [mp.LowVramPatch("l1.weight", patcher.patches)]
+    x = torch.randn(3, 8)
+    w1 = net.l1.weight.float() + (0.5 * (up.float() @ down.float()))
+    expected = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, w1, net.l1.bias.float())),
+                                          net.l2.weight.float())
+    for _ in range(3):
+        assert torch.equal(net(x), expected)
+
+    def patch_casts():  # positional: source, device, dtype, non_blocking, model, kind, resident, signature
+        return [c[1] for c in comfy_env.rec.calls if c[0] == "cast_to_device" and c[1][5:6] == ("patches",)]
+
+    assert len(patch_casts()) == 6
+    assert {c[4] for c in patch_casts()} == {model}
+    signatures = {c[7] for c in patch_casts()}
+    assert len(signatures) == 1 and isinstance(signatures.pop(), int)
+    # a new patch set (ComfyUI renews current_weight_patches_uuid) gets a new signature
+    import uuid
+    net.current_weight_patches_uuid = uuid.uuid4()
+    assert torch.equal(net(x), expected)
+    assert patch_casts()[-1][7] == net.current_weight_patches_uuid.int & ((1 << 63) - 1)
+    # outside a patch function, cast_to_device is ComfyUI's own
+    mm = comfy_env.m["comfy.model_management"]
+    n = len(comfy_env.rec.calls)
+    mm.cast_to_device(up, torch.device("cpu"), torch.float32)
+    assert len(comfy_env.rec.calls) == n
+    assert comfy_env.integration.stats()["patch_casts"] == 8
+
+
+def test_copy_to_param_invalidates_so_the_new_bytes_are_served(comfy_env):
+    comfy_env.integration.enable(cpu_targets=True)
+    net, patcher = _net_and_patcher(comfy_env)
+    utils = comfy_env.m["comfy.utils"]
+    x = torch.randn(2, 8)
+    net(x), net(x)
+    with torch.inference_mode():
+        utils.copy_to_param(net, "l1.weight", torch.ones(16, 8, dtype=torch.float16))
+    invalidated = [c[1][0] for c in comfy_env.rec.calls if c[0] == "invalidate"]
+    assert len(invalidated) == 1 and invalidated[0] is net.l1.weight
+    assert torch.equal(net(x), _plain_forward(net, x))
+    assert comfy_env.integration.stats()["invalidations"] == 1
+
+
+def test_patch_weight_to_device_invalidates_what_it_wrote_and_set_attr_param_nothing(comfy_env):
+    comfy_env.integration.enable(cpu_targets=True)
+    net, patcher = _net_and_patcher(comfy_env)
+    utils = comfy_env.m["comfy.utils"]
+    original = net.l2.weight
+    utils.set_attr_param(net, "l2.weight", torch.zeros(4, 16, dtype=torch.float16))
+    utils.set_attr_param(net, "l2.weight", original)  # a backup restored: its bytes are as they were
+    assert "invalidate" not in comfy_env.rec.names()
+    with torch.inference_mode():
+        patcher.patches["l1.weight"] = [(1.0, (torch.randn(16, 1, dtype=torch.float16),
+                                               torch.randn(1, 8, dtype=torch.float16)), 1.0, None, None)]
+    patcher.patch_weight_to_device("l1.bias")  # not patched: nothing written, nothing dropped
+    assert "invalidate" not in comfy_env.rec.names()
+    patcher.patch_weight_to_device("l1.weight")
+    assert comfy_env.rec.calls[-1][0] == "invalidate" and comfy_env.rec.calls[-1][1][0] is net.l1.weight
+
+
+def test_prompt_node_and_model_boundaries(comfy_env):
+    comfy_env.integration.enable(cpu_targets=True)
+    execution, mm = comfy_env.m["execution"], comfy_env.m["comfy.model_management"]
+    net, patcher = _net_and_patcher(comfy_env)
+    model = comfy_env.integration.model_id(patcher)
+    results = {}
+
+    class Server:
+        def run_node(self, prompt, node_id):
+            if prompt[node_id] == "sample":
+                mm.load_models_gpu([patcher])
+                results[node_id] = net(torch.randn(2, 8))
+
+    comfy_env.rec.calls.clear()
+    execution.PromptExecutor(Server()).execute({"a": "load", "b": "sample"}, "p1")
+    names = comfy_env.rec.names()
+    assert names[0] == "mark_prompt" and comfy_env.rec.calls[0][1] == ([],)
+    assert names[-1] == "end_prompt"
+    assert names.count("end_node") == 2
+    marks = [c for c in comfy_env.rec.calls if c[0] == "mark_prompt"]
+    assert marks[1][1] == ([model],)
+    assert ("set_active", (model, True), {}) in comfy_env.rec.calls
+    # the model is marked before ComfyUI loads it, and cast only after
+    assert names.index("set_active") < names.index("cast_many_to_device")
+    assert names.index("cast_many_to_device") < names.index("end_node", names.index("set_active"))
+
+
+def test_free_memory_frees_pins_for_ram_before_comfyui_unloads(comfy_env):
+    comfy_env.integration.enable(cpu_targets=True, ram_headroom=1 << 30)
+    mm = comfy_env.m["comfy.model_management"]
+    mm.free_ram_reported = 100 << 20
+    mm.free_memory(300 << 20, torch.device("cpu"))
+    frees = [c for c in comfy_env.rec.calls if c[0] == "free_pins"]
+    assert frees == [("free_pins", (200 << 20,), {})]
+    assert mm.calls[-1][0] == "free_memory"
+    # enough RAM: nothing freed
+    mm.free_ram_reported = 64 << 30
+    mm.free_memory(300 << 20, torch.device("cpu"))
+    assert len([c for c in comfy_env.rec.calls if c[0] == "free_pins"]) == 1
+
+
+def test_free_memory_on_an_accelerator_keeps_the_headroom_after_models_came_back_to_ram(comfy_env):
+    comfy_env.integration.enable(ram_headroom=1 << 30)
+    mm = comfy_env.m["comfy.model_management"]
+    mm.free_ram_reported = 256 << 20
+    mm.free_memory(8 << 30, torch.device("meta"))  # nothing unloaded: nothing to do
+    assert "free_pins" not in comfy_env.rec.names()
+    mm.unloads = ["a model"]
+    mm.free_memory(8 << 30, torch.device("meta"))
+    frees = [c for c in comfy_env.rec.calls if c[0] == "free_pins"]
+    assert frees == [("free_pins", ((1 << 30) - (256 << 20),), {})]
+
+
+def test_newer_cast_bias_weight_signature_gets_its_offloadable_triple(comfy_env):
+    ops = comfy_env.m["comfy.ops"]
+    older = ops.cast_bias_weight
+
+    def cast_bias_weight(s, input=None, dtype=None, device=None, bias_dtype=None, offloadable=False,
+                         compute_dtype=None, want_requant=False):
+        weight, bias = older(s, input, dtype, device, bias_dtype)
+        return (weight, bias, None) if offloadable else (weight, bias)
+
+    ops.cast_bias_weight = cast_bias_weight
+    comfy_env.integration.enable(cpu_targets=True)
+    net, _ = _net_and_patcher(comfy_env)
+    x = torch.randn(2, 8)
+    pair = ops.cast_bias_weight(net.l1, x)
+    by_position = ops.cast_bias_weight(net.l1, x, None, None, None, True)
+    by_keyword = ops.cast_bias_weight(net.l1, x, offloadable=True)
+    assert len(pair) == 2 and len(by_position) == 3 and len(by_keyword) == 3
+    assert by_position[2] is None and by_keyword[2] is None, "nothing for uncast_bias_weight to wait for"
+    assert all(torch.equal(a, b) for a, b in zip(pair, by_keyword[:2]))
+    assert comfy_env.integration.stats()["casts"] == 3
+
+
+def test_a_quantized_wrapper_weight_is_cast_as_itself(comfy_env):
+    from test_subclass import ScaledInt8  # a small wrapper subclass with the flatten protocol
+
+    comfy_env.integration.enable(cpu_targets=True)
+    net, patcher = _net_and_patcher(comfy_env)
+    model = comfy_env.integration.model_id(patcher)
+    with torch.inference_mode():
+        q = ScaledInt8.quantize(net.l2.weight)  # dequantizes to fp16; the compute dtype is fp32
+    net.l2.weight = torch.nn.Parameter(q, requires_grad=False)
+    x = torch.randn(2, 8)
+    h = torch.relu(torch.nn.functional.linear(x, net.l1.weight.float(), net.l1.bias.float()))
+    expected = torch.nn.functional.linear(h, ScaledInt8(q._qdata, q._scale, torch.float32).dequantize())
+    before = comfy_env.pins.stats()
+    for _ in range(3):
+        assert torch.equal(net(x), expected)
+    after = comfy_env.pins.stats()
+    wrapper_casts = [c[1][0] for c in comfy_env.rec.calls if c[0] == "cast_to_device"]
+    assert all(type(w) is ScaledInt8 for w in wrapper_casts) and len(wrapper_casts) == 3
+    assert after[f"model.{model}.misses"] - before.get(f"model.{model}.misses", 0) == 2  # l1, and l2's payload+scale
+    assert after[f"model.{model}.hits"] - before.get(f"model.{model}.hits", 0) == 4
