@@ -6,6 +6,12 @@
 
 namespace pins::bench {
 int alloc_main(const std::vector<std::string>& args);
+int fill_main(const std::vector<std::string>& args);
+int balancer_main(const std::vector<std::string>& args);
+#ifdef PINS_BENCH_WITH_TORCH
+int cast_main(const std::vector<std::string>& args);
+int lowvram_main(const std::vector<std::string>& args);
+#endif
 }
 
 namespace {
@@ -21,6 +27,36 @@ const Benchmark kBenchmarks[] = {
     {"alloc", &pins::bench::alloc_main, "host pool: waste against power-of-two rounding, warm latency against malloc",
      "  --data FILE   model parameter list (default: profiling/data/model_params.csv)\n"
      "  --reps N      timing repetitions; the best one counts (default: 15)\n"},
+    {"fill", &pins::bench::fill_main,
+     "filling a pin, warm and fresh (a new pin through Balancer::acquire after an eviction), against memcpy into "
+     "a warm malloc'd buffer",
+     "  --size SIZE   bytes per pin, Note [Size syntax] (default: 512M); uses about 5x SIZE of RAM\n"
+     "  --reps N      repetitions; medians count (default: 5)\n"},
+    {"balancer", &pins::bench::balancer_main,
+     "one eviction decision (Balancer::free) and one prompt boundary, as the pin count grows (null backend)",
+     "  --pins LIST       pin counts, comma-separated (default: 1000,10000,100000)\n"
+     "  --policies LIST   of mru, lru, trace, comma-separated (default: mru,trace,lru)\n"
+     "  --reps N          repetitions; medians count (default: 5)\n"
+     "  --decisions K     decisions timed per repetition, averaged (default: 20)\n"},
+#ifdef PINS_BENCH_WITH_TORCH
+    {"cast", &pins::bench::cast_main,
+     "the pins::cast_to_device op: a hit on a 4 KiB pin and model=-1 against clone(), a 512 MiB hit against "
+     "at::empty + copy_ (CPU device)",
+     "  --size SIZE   bytes of the bandwidth source, Note [Size syntax] (default: 512M); uses about 3x SIZE of "
+     "RAM\n"
+     "  --calls K     calls timed per repetition of the 4 KiB figures, averaged (default: 20000)\n"
+     "  --reps N      repetitions; medians count (default: 5)\n"},
+    {"lowvram", &pins::bench::lowvram_main,
+     "a lowvram loop: every layer cast to bf16 through pins, half the model fitting in the pin budget, against "
+     "w.to(bf16)",
+     "  --layers L        layers (default: 200)\n"
+     "  --layer-mib M     MiB of fp16 weights per layer (default: 32)\n"
+     "  --passes P        passes over the layers, at least 2 (default: 5)\n"
+     "  --policies LIST   of mru, lru, trace, comma-separated (default: mru,lru,trace)\n"
+     "RAM: the sources take L x M MiB (6.4 GiB at the defaults) and the pins about half that again, so peak RSS is\n"
+     "about 1.5 x L x M MiB (9.6 GiB); it needs MemAvailable above about 0.5 x L x M MiB + 2 GiB once the sources\n"
+     "exist. The pin budget is set through pins::configure (headroom, pin_reserve) from MemAvailable.\n"},
+#endif
 };
 
 void print_usage(std::FILE* to) {
@@ -28,7 +64,7 @@ void print_usage(std::FILE* to) {
                "usage: pins-bench <benchmark> [options]\n"
                "       pins-bench <benchmark> --help   the benchmark's options\n"
                "benchmarks:\n");
-  for (const Benchmark& b : kBenchmarks) std::fprintf(to, "  %-8s %s\n", b.name, b.what);
+  for (const Benchmark& b : kBenchmarks) std::fprintf(to, "  %-9s %s\n", b.name, b.what);
 }
 
 bool is_help(const std::string& a) {
@@ -40,6 +76,8 @@ bool is_help(const std::string& a) {
 // Exit status: 0 ok (and --help); 2 bad usage, with a message naming the
 // argument; 1 a benchmark that failed.
 int main(int argc, char** argv) {
+  // Line by line even into a file or a pipe: the long benchmarks show progress.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     print_usage(stderr);

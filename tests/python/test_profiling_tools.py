@@ -2,11 +2,15 @@
 contract: the model parameter file is what its generator writes, the simulator's
 oracle equals an independent Belady replay of its own access dump on every
 bundled trace, its JSON report draws a PNG (profiling/sim/plot.py), and both
-executables answer --help on stdout with status 0 and refuse unknown options.
+executables answer --help on stdout with status 0 and refuse unknown options, and
+each pins-bench benchmark of issue 10 (fill, balancer, cast, lowvram) runs at tiny
+sizes and ends with one RESULT line of the expected figures.
 
 The executables: $PINS_SIM and $PINS_BENCH, default build/bin/ of this checkout."""
+import functools
 import glob
 import json
+import math
 import os
 import struct
 import subprocess
@@ -85,8 +89,10 @@ def test_plot_reads_stdin_and_names_what_is_wrong(tmp_path):
 
 @pytest.mark.parametrize("args,usage", [([SIM, "--help"], "usage: pins-sim"), ([SIM, "-h"], "usage: pins-sim"),
                                         ([BENCH, "--help"], "usage: pins-bench"),
-                                        ([BENCH, "alloc", "--help"], "usage: pins-bench alloc")],
-                         ids=["sim", "sim_h", "bench", "bench_alloc"])
+                                        ([BENCH, "alloc", "--help"], "usage: pins-bench alloc"),
+                                        ([BENCH, "fill", "--help"], "usage: pins-bench fill"),
+                                        ([BENCH, "balancer", "-h"], "usage: pins-bench balancer")],
+                         ids=["sim", "sim_h", "bench", "bench_alloc", "bench_fill", "bench_balancer"])
 def test_help_prints_usage_to_stdout_and_exits_0(args, usage):
     out = subprocess.run(args, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -100,9 +106,124 @@ def test_help_prints_usage_to_stdout_and_exits_0(args, usage):
     ([BENCH, "frobnicate"], 'pins-bench: unknown benchmark "frobnicate"'),
     ([BENCH, "alloc", "--frobnicate"], 'pins-bench alloc: unknown option "--frobnicate"'),
     ([BENCH, "alloc", "--reps", "0"], 'pins-bench alloc: --reps: expected a positive integer, got "0"'),
-], ids=["sim_unknown", "sim_runs", "bench_unknown", "bench_alloc_unknown", "bench_alloc_reps"])
+    ([BENCH, "fill", "--frobnicate"], 'pins-bench fill: unknown option "--frobnicate"'),
+    ([BENCH, "fill", "--size", "lots"], 'pins-bench fill: --size: expected a size such as 512M or 1.5GiB, got "lots"'),
+    ([BENCH, "fill", "--reps"], "pins-bench fill: --reps needs a value"),
+    ([BENCH, "balancer", "--pins", "1000,x"],
+     'pins-bench balancer: --pins: expected a comma-separated list of positive integers, got "1000,x"'),
+    ([BENCH, "balancer", "--policies", "mru,fifo"],
+     'pins-bench balancer: --policies: expected a comma-separated list of mru, lru, trace, got "mru,fifo"'),
+    ([BENCH, "balancer", "--decisions", "-3"], 'pins-bench balancer: --decisions: expected a positive integer, got "-3"'),
+], ids=["sim_unknown", "sim_runs", "bench_unknown", "bench_alloc_unknown", "bench_alloc_reps", "bench_fill_unknown",
+        "bench_fill_size", "bench_fill_no_value", "bench_balancer_pins", "bench_balancer_policies",
+        "bench_balancer_decisions"])
 def test_unknown_options_fail_with_a_message(args, message):
     out = subprocess.run(args, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert out.stderr.startswith(message), out.stderr
+
+
+# ---------------------------------------------------------------- pins-bench fill, balancer, cast, lowvram (issue 10)
+
+@functools.lru_cache(maxsize=None)
+def bench_has(name):
+    """Whether this pins-bench has the benchmark (cast and lowvram need a build with torch)."""
+    out = subprocess.run([BENCH, "--help"], capture_output=True, text=True)
+    return any(line.split()[:1] == [name] for line in out.stdout.splitlines())
+
+
+def needs_torch_benchmarks():
+    if not (bench_has("cast") and bench_has("lowvram")):
+        pytest.skip("pins-bench was built without torch (PINS_WITH_TORCH=OFF): no cast or lowvram benchmark")
+
+
+def result_of(stdout):
+    """The figures of the RESULT line, which must be the last line and the only one."""
+    lines = stdout.rstrip("\n").splitlines()
+    assert lines and lines[-1].startswith("RESULT "), stdout[-2000:]
+    assert sum(line.startswith("RESULT") for line in lines) == 1, stdout[-2000:]
+    figures = {}
+    for item in lines[-1].split()[1:]:
+        key, sep, value = item.partition("=")
+        assert sep and key not in figures, item
+        figures[key] = float(value)
+        assert math.isfinite(figures[key]), item
+    return figures
+
+
+def run_bench(*args, timeout=300):
+    out = subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr
+    return out.stdout, result_of(out.stdout)
+
+
+def test_bench_fill_ends_with_its_ratios():
+    stdout, figures = run_bench("fill", "--size", "8M", "--reps", "2")
+    assert set(figures) == {"fill_warm_ratio", "fill_fresh_ratio", "fill_fresh_retain_ratio",
+                            "fill_fresh_retain_forget_ratio"}
+    assert all(v > 0 for v in figures.values()), figures
+    assert "baseline memcpy, warm malloc" in stdout  # per-repetition lines above the RESULT
+
+
+def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
+    stdout, figures = run_bench("balancer", "--pins", "40,80", "--reps", "2", "--decisions", "3")
+    expected = set()
+    for policy in ("mru", "trace", "lru"):
+        expected |= {f"decision_growth_{policy}", f"end_prompt_growth_{policy}"}
+        for n in (40, 80):
+            expected |= {f"decision_us_{policy}_{n}", f"end_prompt_us_{policy}_{n}"}
+    assert set(figures) == expected
+    assert all(v > 0 for v in figures.values()), figures
+    # N stays N through the decisions and the boundaries; trace keeps following its record.
+    assert "trace, 80 pins (80 at the end; trace departures during decisions: 0)" in stdout, stdout
+
+
+def test_bench_balancer_policies_option_selects_them():
+    _, figures = run_bench("balancer", "--pins", "20,30", "--policies", "lru", "--reps", "1", "--decisions", "1")
+    assert set(figures) == {"decision_us_lru_20", "decision_us_lru_30", "end_prompt_us_lru_20",
+                            "end_prompt_us_lru_30", "decision_growth_lru", "end_prompt_growth_lru"}
+
+
+def test_bench_cast_ends_with_overheads_and_bandwidth_ratio():
+    needs_torch_benchmarks()
+    stdout, figures = run_bench("cast", "--size", "1M", "--calls", "50", "--reps", "2")
+    assert set(figures) == {"hit_overhead_us", "hit_ratio", "op_overhead_us", "op_ratio", "hit_bw_ratio"}
+    assert all(figures[k] > 0 for k in ("hit_ratio", "op_ratio", "hit_bw_ratio")), figures
+    assert "the same bytes" in stdout  # on a CPU-only machine a hit and a copy move the same bytes: said so
+
+
+def test_bench_lowvram_ends_with_pass_ratios_per_policy():
+    needs_torch_benchmarks()
+    stdout, figures = run_bench("lowvram", "--layers", "4", "--layer-mib", "1", "--passes", "2", "--policies",
+                                "mru,trace")
+    assert set(figures) == {"first_pass_ratio_mru", "steady_pass_ratio_mru", "first_pass_ratio_trace",
+                            "steady_pass_ratio_trace"}
+    assert all(v > 0 for v in figures.values()), figures
+    assert 'configure("policy:trace,headroom:' in stdout  # the budget it set is printed
+
+
+@pytest.mark.parametrize("name", ["cast", "lowvram"])
+def test_bench_torch_benchmarks_answer_help(name):
+    needs_torch_benchmarks()
+    out = subprocess.run([BENCH, name, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: pins-bench {name}"), out.stdout
+    if name == "lowvram":
+        assert "RSS" in out.stdout  # the sources alone take layers x layer-mib
+
+
+@pytest.mark.parametrize("args,message", [
+    (["cast", "--calls", "0"], 'pins-bench cast: --calls: expected a positive integer, got "0"'),
+    (["cast", "--frobnicate"], 'pins-bench cast: unknown option "--frobnicate"'),
+    (["lowvram", "--passes", "1"], "pins-bench lowvram: --passes: expected at least 2"),
+    (["lowvram", "--layer-mib", "big"], 'pins-bench lowvram: --layer-mib: expected a positive integer, got "big"'),
+    (["lowvram", "--policies", "belady"],
+     'pins-bench lowvram: --policies: expected a comma-separated list of mru, lru, trace, got "belady"'),
+], ids=["cast_calls", "cast_unknown", "lowvram_passes", "lowvram_layer_mib", "lowvram_policies"])
+def test_bench_torch_benchmarks_refuse_bad_options(args, message):
+    needs_torch_benchmarks()
+    out = subprocess.run([BENCH, *args], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stdout == ""
     assert out.stderr.startswith(message), out.stderr

@@ -1,0 +1,211 @@
+// pins-bench balancer: what one eviction decision and one prompt boundary cost
+// as the number of pins grows (issue 10, "balancer"). Bookkeeping only: a
+// Balancer over a HostPool with the null backend and a fake MemoryProbe that
+// reports plenty of RAM, so every pin is created and nothing is evicted unless
+// asked.
+//
+// For each policy and pin count N: four models, two of them in the prompt;
+// prompt 1 creates N weight pins of 4-256 KiB (round-robin over the models)
+// and ends; prompt 2 hits the first half of them again, so the trace policy
+// follows prompt 1's record with its cursor in the middle. Then
+//   decision    Balancer::free(the smallest pin size): one pin evicted; after
+//               each, a new pin is created (untimed) so N stays. The new pins
+//               are patch pins: a weight the record does not know would make
+//               the trace policy depart from it and fall back to mru.
+//   end_prompt  what the pins::end_prompt op runs (Balancer::end_prompt, sweep,
+//               relieve), after a prompt that hit every pin once; the pins the
+//               boundary drops are replaced (untimed) so N stays.
+// Growth ratios are the figure at the largest N over the one at the smallest.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "csrc/balancer/balancer.h"
+#include "csrc/pool/pool.h"
+#include "csrc/runtime/config.h"
+#include "csrc/system/sysmem.h"
+#include "profiling/bench/args.h"
+#include "profiling/bench/timing.h"
+
+namespace pins::bench {
+namespace {
+
+// RAM as the balancer sees it: a fixed amount free before pins, minus what the
+// pool has committed (the fake of tests/csrc/balancer/balancer_test.cpp).
+class FakeProbe : public MemoryProbe {
+ public:
+  FakeProbe(HostPool& pool, uint64_t total, uint64_t free_before_pins)
+      : pool_(pool), total_(total), free_(free_before_pins) {}
+  MemoryInfo read() override {
+    MemoryInfo m;
+    m.total = total_;
+    const uint64_t used = static_cast<uint64_t>(pool_.stats().committed_bytes.current);
+    m.available = free_ > used ? free_ - used : 0;
+    return m;
+  }
+
+ private:
+  HostPool& pool_;
+  uint64_t total_;
+  uint64_t free_;
+};
+
+// A source that stays alive: sweep() asks every pin, as it does for real sources.
+class LiveSource : public SourceGuard {
+ public:
+  bool alive() const override { return true; }
+};
+
+constexpr uint64_t kMinPin = 4 * KiB;
+uint64_t pin_size(uint64_t i) { return kMinPin * (1 + (i * 7919) % 64); }  // 4 KiB .. 256 KiB
+
+struct Point {
+  std::vector<double> decision_s;    // per repetition: mean seconds per decision
+  std::vector<double> end_prompt_s;  // per repetition
+};
+
+class Population {
+ public:
+  Population(PolicyKind policy, int n) : pool_(make_null_backend(), pool_options(Config{})),
+                                         probe_(pool_, 64 * TiB, 32 * TiB), bal_(config(policy), pool_, probe_), n_(n) {
+    for (const char* name : {"prompt-a", "prompt-b", "other-c", "other-d"}) models_.push_back(bal_.register_model(name, "cpu"));
+    prompt_ = {models_[0], models_[1]};
+    bal_.mark_prompt(prompt_);
+    for (int i = 0; i < n_; ++i) cast(weight(i));
+    end_prompt();
+    bal_.mark_prompt(prompt_);
+    for (int i = 0; i < n_ / 2; ++i) cast(weight(i));
+    if (live_pins() != static_cast<size_t>(n_)) throw std::logic_error("the population does not hold N pins");
+  }
+
+  // Mean seconds of `count` decisions, each followed by an untimed new pin.
+  double decisions(int count) {
+    double total = 0;
+    for (int d = 0; d < count; ++d) {
+      total += time_seconds([&] {
+        if (bal_.free(kMinPin) == 0) throw std::runtime_error("Balancer::free evicted nothing");
+      });
+      Request r = weight(next_key_++);
+      r.kind = Kind::Patches;
+      r.bytes = r.key.nbytes = kMinPin;
+      cast(r);
+    }
+    return total / count;
+  }
+
+  // One prompt that hits every pin (untimed), then its boundary (timed).
+  double prompt_boundary() {
+    if (!bal_.prompt_running()) bal_.mark_prompt(prompt_);
+    for (const Balancer::PinInfo& p : bal_.pins()) {
+      Request r;
+      r.model = p.model;
+      r.key = p.key;
+      r.bytes = p.bytes;
+      r.kind = is_patch(p.subset) ? Kind::Patches : Kind::Weights;
+      cast(r);
+    }
+    const double t = time_seconds([&] { end_prompt(); });
+    for (size_t have = live_pins(); have < static_cast<size_t>(n_); ++have) cast(weight(next_key_++));
+    return t;
+  }
+
+  BalancerStats stats() const { return bal_.stats(); }
+  size_t live_pins() const { return static_cast<size_t>(bal_.stats().total.pins); }
+
+ private:
+  static Config config(PolicyKind policy) {
+    Config c;
+    c.policy = policy;
+    return c;
+  }
+  Request weight(uint64_t i) const {
+    Request r;
+    r.model = models_[i % models_.size()];
+    r.key = PinKey{i + 1, 0, pin_size(i)};
+    r.bytes = r.key.nbytes;
+    return r;
+  }
+  void cast(const Request& r) {
+    Lease l = bal_.acquire(r, [] { return std::make_unique<LiveSource>(); });
+    if (!l) throw std::runtime_error("the balancer refused a pin with plenty of RAM");
+    if (l.needs_fill()) l.filled();
+  }
+  void end_prompt() {  // what the pins::end_prompt op runs
+    bal_.end_prompt();
+    bal_.sweep();
+    bal_.relieve();
+  }
+
+  HostPool pool_;
+  FakeProbe probe_;
+  Balancer bal_;
+  int n_;
+  std::vector<ModelId> models_;
+  std::vector<ModelId> prompt_;
+  uint64_t next_key_ = uint64_t{1} << 32;  // keys of pins made after the population
+};
+
+}  // namespace
+
+int balancer_main(const std::vector<std::string>& args) {
+  std::vector<int> counts = {1000, 10000, 100000};
+  std::vector<std::string> policies = {"mru", "trace", "lru"};
+  int reps = 5, per_rep = 20;
+  for (Args a(args); a.next();) {
+    if (a.is("--pins")) {
+      counts = a.positive_list();
+    } else if (a.is("--policies")) {
+      policies = a.choice_list({"mru", "lru", "trace"});
+    } else if (a.is("--reps")) {
+      reps = a.positive();
+    } else if (a.is("--decisions")) {
+      per_rep = a.positive();
+    } else {
+      a.unknown();
+    }
+  }
+  for (int n : counts)
+    if (n < 2) throw std::invalid_argument("--pins: expected counts of at least 2, got " + std::to_string(n));
+  const int lo = *std::min_element(counts.begin(), counts.end());
+  const int hi = *std::max_element(counts.begin(), counts.end());
+
+  std::printf("pins-bench balancer: null backend, fake probe with plenty of RAM; %d repetitions of %d decisions, "
+              "medians\n", reps, per_rep);
+  std::printf("decision: Balancer::free(%llu bytes) evicts one pin; end_prompt: Balancer::end_prompt + sweep + "
+              "relieve, as the op runs them\n\n", static_cast<unsigned long long>(kMinPin));
+  std::string result;
+  char buf[160];
+  for (const std::string& policy : policies) {
+    const PolicyKind kind = parse_config("policy:" + policy).policy;
+    std::map<int, Point> points;
+    for (int n : counts) {
+      Population pop(kind, n);
+      Point& pt = points[n];
+      for (int rep = 0; rep < reps; ++rep) pt.decision_s.push_back(pop.decisions(per_rep));
+      const int64_t departures = pop.stats().trace_departures;
+      for (int rep = 0; rep < reps; ++rep) pt.end_prompt_s.push_back(pop.prompt_boundary());
+      std::printf("%s, %d pins (%zu at the end; trace departures during decisions: %lld)\n", policy.c_str(), n,
+                  pop.live_pins(), static_cast<long long>(departures));
+      print_reps("decision", pt.decision_s, 1e6, "us");
+      print_reps("end_prompt", pt.end_prompt_s, 1e6, "us");
+      std::snprintf(buf, sizeof buf, " decision_us_%s_%d=%.2f end_prompt_us_%s_%d=%.2f", policy.c_str(), n,
+                    median(pt.decision_s) * 1e6, policy.c_str(), n, median(pt.end_prompt_s) * 1e6);
+      result += buf;
+    }
+    const double growth = median(points[hi].decision_s) / median(points[lo].decision_s);
+    const double end_growth = median(points[hi].end_prompt_s) / median(points[lo].end_prompt_s);
+    std::printf("%s: from %d to %d pins a decision grows %.1fx, end_prompt %.1fx\n\n", policy.c_str(), lo, hi, growth,
+                end_growth);
+    std::snprintf(buf, sizeof buf, " decision_growth_%s=%.2f end_prompt_growth_%s=%.2f", policy.c_str(), growth,
+                  policy.c_str(), end_growth);
+    result += buf;
+  }
+  std::printf("RESULT%s\n", result.c_str());
+  return 0;
+}
+
+}  // namespace pins::bench

@@ -1,0 +1,197 @@
+// pins-bench fill: how fast a pin is filled, against a memcpy into a warm
+// malloc'd buffer of the same size measured in the same run (issue 10, "fill").
+//   warm   memcpy into a pool block that is committed and touched already.
+//   fresh  a new pin through the real path: Balancer::acquire() on a HostPool
+//          with the cpu backend and the default configuration, memcpy into it,
+//          filled(), the lease released; then the pin is evicted as the
+//          balancer does under pressure (Balancer::free), so the next new pin
+//          gets fresh pages.
+// Then the same fresh fill with retain_free:4G, evicted by free() and dropped
+// by forget_model() (which frees the block without Balancer::free's trim), so
+// the cause of a slow fresh fill shows: committing pages on the hot path.
+// Ratios are baseline time / pins time: 1.0 is as fast as the warm memcpy.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "csrc/balancer/balancer.h"
+#include "csrc/pool/pool.h"
+#include "csrc/runtime/config.h"
+#include "csrc/system/sysmem.h"
+#include "profiling/bench/args.h"
+#include "profiling/bench/timing.h"
+
+namespace pins::bench {
+namespace {
+
+// One way of making a new pin per repetition, with its own pool and balancer.
+class FreshFill {
+ public:
+  enum class Drop { Evict, Forget };
+
+  FreshFill(std::string label, const std::string& conf, Drop drop)
+      : label_(std::move(label)),
+        config_(parse_config(conf)),
+        pool_(make_cpu_backend(config_.mlock), pool_options(config_)),
+        bal_(config_, pool_, probe_),
+        drop_(drop) {
+    model_ = bal_.register_model("fill", "cpu");
+  }
+
+  // acquire + memcpy + filled + release of a new pin of `size`: the timed part.
+  double fill(const void* src, size_t size) {
+    Request r;
+    r.model = model_;
+    r.key = PinKey{++next_key_, 0, size};
+    r.bytes = size;
+    const PoolStats before = pool_.stats();
+    const double t = time_seconds([&] {
+      Lease lease = bal_.acquire(r);
+      if (!lease)
+        throw std::runtime_error("the balancer refused a pin of " + std::to_string(size >> 20) +
+                                 " MiB (too little available RAM for its budget; try a smaller --size)");
+      if (!lease.needs_fill()) throw std::runtime_error("a new key was served as a hit");
+      std::memcpy(lease.data(), src, size);
+      keep(lease.data());
+      lease.filled();
+    });
+    const PoolStats after = pool_.stats();
+    fill_s_.push_back(t);
+    commit_s_.push_back(double(after.commit_ns - before.commit_ns) * 1e-9);
+    commits_ += after.commits - before.commits;
+    return t;
+  }
+
+  // Untimed in the ratio: the eviction (free()) or drop (forget_model()) after the fill.
+  void drop(size_t size) {
+    const PoolStats before = pool_.stats();
+    drop_s_.push_back(time_seconds([&] {
+      if (drop_ == Drop::Evict) {
+        if (bal_.free(size) < size) throw std::runtime_error("Balancer::free did not evict the pin");
+      } else {
+        bal_.forget_model(model_);
+        model_ = bal_.register_model("fill", "cpu");
+      }
+    }));
+    decommits_ += pool_.stats().decommits - before.decommits;
+  }
+
+  void print(double baseline_median) const {
+    std::printf("%s\n", label_.c_str());
+    print_reps("fill (acquire+memcpy+release)", fill_s_, 1e3, "ms");
+    print_reps("  of which committing pages", commit_s_, 1e3, "ms");
+    print_reps(drop_ == Drop::Evict ? "evict: Balancer::free (untimed)" : "drop: forget_model (untimed)", drop_s_,
+               1e3, "ms");
+    std::printf("  extents committed %lld, decommitted %lld over %zu pins; ratio %.3f\n",
+                static_cast<long long>(commits_), static_cast<long long>(decommits_), fill_s_.size(),
+                baseline_median / median(fill_s_));
+  }
+  double median_fill() const { return median(fill_s_); }
+
+ private:
+  std::string label_;
+  Config config_;
+  HostPool pool_;
+  SystemMemoryProbe probe_;
+  Balancer bal_;
+  Drop drop_;
+  ModelId model_ = -1;
+  uint64_t next_key_ = 0;
+  std::vector<double> fill_s_, commit_s_, drop_s_;
+  int64_t commits_ = 0, decommits_ = 0;
+};
+
+std::string first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line.empty() ? "unknown" : line;
+}
+
+}  // namespace
+
+int fill_main(const std::vector<std::string>& args) {
+  uint64_t size = 512 * MiB;
+  int reps = 5;
+  for (Args a(args); a.next();) {
+    if (a.is("--size")) {
+      size = a.size();
+    } else if (a.is("--reps")) {
+      reps = a.positive();
+    } else {
+      a.unknown();
+    }
+  }
+
+  std::printf("pins-bench fill: %llu bytes (%.1f MiB), %d repetitions, medians; cpu backend, mlock off\n",
+              static_cast<unsigned long long>(size), double(size) / double(MiB), reps);
+  std::printf("transparent huge pages: %s\n",
+              first_line("/sys/kernel/mm/transparent_hugepage/enabled").c_str());
+  std::printf("baseline: memcpy into a warm malloc'd buffer that was touched before\n\n");
+
+  // The source and the baseline's destination: malloc'd, every page touched.
+  std::unique_ptr<char, decltype(&std::free)> src(static_cast<char*>(std::malloc(size)), &std::free);
+  std::unique_ptr<char, decltype(&std::free)> dst(static_cast<char*>(std::malloc(size)), &std::free);
+  if (!src || !dst) throw std::runtime_error("malloc of the source or the baseline buffer failed");
+  // Not zeros: the compiler may turn malloc + memset(0) into calloc, which leaves fresh pages untouched.
+  for (size_t i = 0; i < size; ++i) src.get()[i] = static_cast<char>(i * 131 + 7);
+  std::memset(dst.get(), 0x11, size);
+  std::memcpy(dst.get(), src.get(), size);
+  keep(dst.get());
+
+  // The warm pool block: committed (populated) by the pool, then touched once.
+  const Config defaults;
+  HostPool warm_pool(make_cpu_backend(defaults.mlock), pool_options(defaults));
+  void* block = warm_pool.allocate(size);
+  std::memset(block, 0x11, size);
+  std::memcpy(block, src.get(), size);
+  keep(block);
+
+  std::vector<std::unique_ptr<FreshFill>> fresh;
+  fresh.push_back(std::make_unique<FreshFill>("fresh: default config, evicted by Balancer::free", "",
+                                              FreshFill::Drop::Evict));
+  fresh.push_back(std::make_unique<FreshFill>("fresh: retain_free:4G, evicted by Balancer::free", "retain_free:4G",
+                                              FreshFill::Drop::Evict));
+  fresh.push_back(std::make_unique<FreshFill>("fresh: retain_free:4G, dropped by forget_model", "retain_free:4G",
+                                              FreshFill::Drop::Forget));
+
+  // Repetitions interleave every variant, so a neighbour's load hits them alike.
+  std::vector<double> base_s, warm_s;
+  for (int rep = 0; rep < reps; ++rep) {
+    base_s.push_back(time_seconds([&] {
+      std::memcpy(dst.get(), src.get(), size);
+      keep(dst.get());
+    }));
+    warm_s.push_back(time_seconds([&] {
+      std::memcpy(block, src.get(), size);
+      keep(block);
+    }));
+    for (auto& f : fresh) {
+      f->fill(src.get(), size);
+      f->drop(size);
+    }
+  }
+  warm_pool.free(block);
+
+  const double base = median(base_s);
+  std::printf("per repetition:\n");
+  print_reps("baseline memcpy, warm malloc", base_s, 1e3, "ms");
+  std::printf("  baseline: %.2f GB/s\n", double(size) / base * 1e-9);
+  print_reps("memcpy into a warm pool block", warm_s, 1e3, "ms");
+  std::printf("  ratio %.3f\n", base / median(warm_s));
+  for (const auto& f : fresh) f->print(base);
+  std::printf("(extents decommitted by the eviction or drop mean the next pin commits fresh pages)\n");
+  std::printf("RESULT fill_warm_ratio=%.3f fill_fresh_ratio=%.3f fill_fresh_retain_ratio=%.3f "
+              "fill_fresh_retain_forget_ratio=%.3f\n",
+              base / median(warm_s), base / fresh[0]->median_fill(), base / fresh[1]->median_fill(),
+              base / fresh[2]->median_fill());
+  return 0;
+}
+
+}  // namespace pins::bench
