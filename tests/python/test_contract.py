@@ -66,6 +66,50 @@ def test_a_write_through_a_numpy_alias_is_fresh_after_invalidate(pins, model):
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.full((512,), 7.0))
 
 
+def _rewrite_through_from_numpy(w, tmp_path):
+    torch.from_numpy(w.numpy())[:] = 7.0  # a second tensor over the same bytes, its own counter
+
+
+def _rewrite_through_frombuffer(w, tmp_path):
+    torch.frombuffer(memoryview(w.numpy()), dtype=torch.float32)[:] = 7.0
+
+
+def _rewrite_through_untyped_storage(w, tmp_path):
+    w.untyped_storage().copy_(torch.full((512,), 7.0).untyped_storage())
+
+
+def _rewrite_the_file_under_its_mmap(w, tmp_path):
+    # `w` is mapped from the file (below): a write to the file is a write to w.
+    with open(tmp_path / "weights.bin", "r+b") as f:
+        f.write(np.full(512, 7.0, dtype=np.float32).tobytes())
+
+
+@pytest.mark.parametrize("rewrite", [_rewrite_through_from_numpy, _rewrite_through_frombuffer,
+                                     _rewrite_through_untyped_storage, _rewrite_the_file_under_its_mmap],
+                         ids=lambda f: f.__name__.lstrip("_"))
+def test_writes_no_version_counter_sees_are_fresh_after_invalidate(pins, model, rewrite, tmp_path):
+    if rewrite is _rewrite_the_file_under_its_mmap:
+        (tmp_path / "weights.bin").write_bytes(np.zeros(512, dtype=np.float32).tobytes())
+        w = torch.from_file(str(tmp_path / "weights.bin"), shared=True, size=512, dtype=torch.float32)
+    else:
+        w = torch.zeros(512)
+    version = w._version
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512))
+    rewrite(w, tmp_path)
+    assert torch.equal(w, torch.full((512,), 7.0)) and w._version == version, "a write the counter misses"
+    # Not detected by pins (README "Staleness"): the pin still holds the old bytes.
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512))
+    assert pins.invalidate(w) == 512 * 4
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.full((512,), 7.0))
+
+
+def test_set_to_another_storage_is_a_new_source(pins, model):
+    w = torch.zeros(512)
+    pins.cast_to_device(w, "cpu", model=model)
+    w.set_(torch.full((512,), 7.0).untyped_storage())  # other bytes: another key, no invalidate needed
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.full((512,), 7.0))
+
+
 def test_a_content_signature_change_is_fresh_without_invalidate(pins, model):
     with torch.inference_mode():
         w = torch.zeros(2048)
