@@ -217,3 +217,24 @@ def test_without_a_model_it_is_a_plain_copy(pins):
     out = pins.cast_to_device(q, "cpu")
     assert torch.equal(out.dequantize(), q.dequantize())
     assert delta(pins, before, "pins") == 0
+
+
+def test_comfy_kitchens_quantized_tensor_is_cast_as_itself(pins, model):
+    # comfy_kitchen holds the QuantizedTensor that current ComfyUI re-exports
+    # from comfy.quant_ops (the checkout test_comfy.py runs may predate it).
+    tensor_mod = pytest.importorskip("comfy_kitchen.tensor", reason="comfy-kitchen is not installed")
+    QuantizedTensor = tensor_mod.QuantizedTensor
+    with torch.inference_mode():  # as ComfyUI loads weights
+        weight = torch.randn(64, 32, dtype=torch.bfloat16)
+        q = QuantizedTensor.from_float(weight, "TensorCoreFP8Layout")
+    before = pins.stats()
+    out = [pins.cast_to_device(q, "cpu", model=model) for _ in range(3)]
+    half = pins.cast_to_device(q, "cpu", dtype=torch.float16, model=model)
+    after = pins.stats()
+    assert all(type(o) is QuantizedTensor and o.dtype == torch.bfloat16 for o in out)
+    assert all(torch.equal(o.dequantize(), q.dequantize()) for o in out)
+    assert type(half) is QuantizedTensor and half.dtype == torch.float16
+    # One pin holds the payload and its scale; never a new full-width pin per call.
+    assert after["misses"] - before["misses"] == 1 and after["hits"] - before["hits"] == 3
+    assert after["pins"] - before["pins"] == 1
+    assert after["pinned_bytes"] - before["pinned_bytes"] < weight.numel() * weight.element_size()
