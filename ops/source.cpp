@@ -85,10 +85,23 @@ std::unique_ptr<SourceGuard> storage_guard(const std::vector<at::Tensor>& source
 
 at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
                       bool non_blocking) {
-  at::Tensor out =
-      at::empty(source.sizes(), source.options().device(device).memory_format(at::MemoryFormat::Contiguous));
-  out.copy_(source, non_blocking);
-  return dtype && *dtype != source.scalar_type() ? out.to(*dtype) : out;
+  const c10::ScalarType want = dtype.value_or(source.scalar_type());
+  const at::TensorOptions options = source.options().device(device).memory_format(at::MemoryFormat::Contiguous);
+  if (want == source.scalar_type() || device.is_cpu()) {
+    // One pass straight into the result: on the CPU copy_ converts as it goes
+    // (the same conversion kernel .to(dtype) runs, so the same bits).
+    at::Tensor out = at::empty(source.sizes(), options.dtype(want));
+    out.copy_(source, non_blocking);
+    return out;
+  }
+  // To a device with a conversion: copy_ across device and dtype would convert
+  // on the host into a pageable temporary and copy from that, not from the pin.
+  // So the pin's bytes go over as they are and the device converts them.
+  at::Tensor staged = at::empty(source.sizes(), options);
+  staged.copy_(source, non_blocking);
+  at::Tensor out = at::empty(source.sizes(), options.dtype(want));
+  out.copy_(staged);  // on the device's current stream, after the transfer
+  return out;
 }
 
 at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like) {

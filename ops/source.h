@@ -35,9 +35,11 @@ SourcePart source_part(const at::Tensor& t);
 // A weak hold on the storages of a pin's sources: alive while every one is.
 std::unique_ptr<SourceGuard> storage_guard(const std::vector<at::Tensor>& sources);
 
-// `source` copied to `device` (non_blocking when asked), then converted to
-// `dtype` on the device, exactly as source.to(device).to(dtype); a new
-// contiguous tensor.
+// `source` copied to `device` (non_blocking when asked) and converted to
+// `dtype`, with the values of source.to(device).to(dtype); a new contiguous
+// tensor. To the CPU, and without a conversion, one pass into the result; to
+// another device with a conversion, the bytes are transferred as they are and
+// converted on the device.
 at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
                       bool non_blocking);
 

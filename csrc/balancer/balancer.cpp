@@ -1,6 +1,7 @@
 #include "csrc/balancer/balancer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <unordered_set>
 
@@ -28,6 +29,7 @@ const char* to_string(Bypass b) {
     case Bypass::Busy: return "busy";
     case Bypass::Raced: return "raced";
     case Bypass::Forgotten: return "forgotten";
+    case Bypass::Unlocking: return "unlocking";
   }
   return "?";
 }
@@ -128,7 +130,9 @@ void Balancer::unlink_locked(Pin* p, std::vector<void*>& to_free) {
   std::unique_ptr<Pin> owned = std::move(it->second);
   m.pins[s].erase(it);
   m.by_created[s].erase(p->created);
+  m.by_use[s].erase({p->last_use, p->created});
   sources_.remove(p);
+  ring_remove_locked(p);
   m.stats[s].pins--;
   m.stats[s].bytes -= static_cast<int64_t>(p->bytes);
   if (p->users > 0 || p->state == PinState::Evicting) {
@@ -183,7 +187,9 @@ void Balancer::link_locked(Model& m, std::unique_ptr<Pin> pin) {
   const int s = static_cast<int>(p->subset);
   m.pins[s].emplace(p->key, std::move(pin));
   m.by_created[s].emplace(p->created, p);
+  m.by_use[s].emplace(std::make_pair(p->last_use, p->created), p);
   sources_.add(p);
+  ring_add_locked(p);
   m.stats[s].pins++;
   m.stats[s].bytes += static_cast<int64_t>(p->bytes);
   m.stats[s].created++;
@@ -195,6 +201,12 @@ void Balancer::forget_model(ModelId model) {
     MutexLock g(mu_);
     Model& m = model_locked(model, "forget_model");
     for (int s = 0; s < kSubsets; ++s) drop_if_locked(m, static_cast<Subset>(s), [](const Pin&) { return true; }, blocks);
+    // Lifetime totals never decrease: its COUNTs and SUMs stay in them. Its
+    // levels are 0 now (leased pins were detached and left them).
+    for (int s = 0; s < kSubsets; ++s) {
+      PINS_ASSERT(m.stats[s].pins == 0 && m.stats[s].bytes == 0);
+      retired_[s] += m.stats[s];
+    }
     models_.erase(model);
   }
   free_blocks(blocks);
@@ -267,13 +279,16 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
   Subset target;
   Lease found;  // a hit, or none with `served` for a pin busy elsewhere
   bool served = false;
+  uint64_t settled_at_read = 0;  // Note [Budget reservation]: before the reading below
   {
     MutexLock g(mu_);
-    Model& m = model_locked(r.model, "cast_to_device");
+    Model& m = model_locked(r.model, r.op);
     if (r.bytes == 0) {
       bypass_locked(r.model, Bypass::Empty);
       return {};
     }
+    reclaim_step_locked(stale);  // Note [Dead source reclaim]
+    settled_at_read = settled_;
     if (config_.policy == PolicyKind::Trace) trace_.record({r.model, r.kind, r.key});
     m.last_use = ++clock_;
     const Subset ss = streaming_subset(r.kind), cs = cache_subset(r.kind);
@@ -283,11 +298,21 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
     if (p == nullptr) p = find_locked(m, cs, r, stale);
     if (p != nullptr) {
       SubsetStats& st = m.stats[static_cast<int>(p->subset)];
-      if (p->state == PinState::Live) {
+      if (p->state == PinState::Live && p->block != nullptr && !pool_.begin_copy(p->block)) {
+        // Note [Copies from a block]: its extent's page-lock is being dropped.
+        bypass_locked(r.model, Bypass::Unlocking);
+        st.misses++;
+        st.miss_bytes += static_cast<int64_t>(r.bytes);
+      } else if (p->state == PinState::Live) {
         st.hits++;
         st.hit_bytes += static_cast<int64_t>(p->bytes);
         p->users++;
+        // Note [Eviction walk]: by_use moves with last_use (the node is reused).
+        auto& by_use = m.by_use[static_cast<int>(p->subset)];
+        auto node = by_use.extract({p->last_use, p->created});
         p->last_use = clock_;
+        node.key() = {p->last_use, p->created};
+        by_use.insert(std::move(node));
         found.owner_ = this;
         found.pin_ = p;
         found.hit_ = true;
@@ -310,19 +335,25 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
   free_blocks(stale);  // stale pins dropped by either lookup
   if (served) return found;
 
-  // One read of system memory serves both checks: freeing changes what is
+  // One reading of system memory serves both checks: freeing changes what is
   // available, not the total and swap the ceiling depends on.
-  const MemoryInfo mi = probe_.read();
+  MemoryInfo mi = memory();
   void* block = nullptr;
-  const bool budget = ensure_budget(r.bytes, target, mi);
+  const bool budget = ensure_budget(r.bytes, target, mi, settled_at_read);  // reserves r.bytes
   if (budget) {
     const bool lock = !pool_.backend().can_lock() || ensure_lock_room(r.bytes, mi);
     block = pool_.try_allocate(r.bytes, lock);
+    keep_warm(memory(), config().headroom);  // what the reuse above left idle
   }
-  if (block == nullptr) {
+  {
     MutexLock g(mu_);
-    bypass_locked(r.model, budget ? Bypass::Pool : Bypass::Refused);
-    return {};
+    // Note [Budget reservation]: the pool accounts for the block now.
+    if (budget) reserved_ -= r.bytes;
+    if (block != nullptr) settled_ += r.bytes;
+    if (block == nullptr) {
+      bypass_locked(r.model, budget ? Bypass::Pool : Bypass::Refused);
+      return {};
+    }
   }
   std::unique_ptr<SourceGuard> guard = make_guard ? make_guard() : nullptr;
 
@@ -338,6 +369,9 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
       bypass_locked(r.model, Bypass::Forgotten);
     } else if (raced) {
       bypass_locked(r.model, Bypass::Raced);
+    } else if (!pool_.begin_copy(block)) {
+      // Note [Copies from a block]: the block's extent is losing its page-lock.
+      bypass_locked(r.model, Bypass::Unlocking);
     } else {
       auto pin = std::make_unique<Pin>();
       Pin* p = pin.get();
@@ -371,6 +405,9 @@ void Balancer::mark_filled(Pin* p) {
 }
 
 void Balancer::release(Pin* p) {
+  // Note [Copies from a block]: the op recorded its copy's fence before letting
+  // go. The lease still holds p (users), so neither p nor its block is gone.
+  if (p->block != nullptr) pool_.end_copy(p->block);
   std::vector<void*> blocks;
   {
     MutexLock g(mu_);
@@ -388,14 +425,101 @@ void Balancer::release(Pin* p) {
 
 // ------------------------------------------------------------------ budget
 
-bool Balancer::ensure_budget(size_t bytes, Subset target, const MemoryInfo& mi) {
+// Note [Memory readings]
+// A reading of system memory (SystemMemoryProbe: /proc/meminfo and every cgroup
+// level, tens of microseconds) is reused for the probe's max_age_ns (5 ms for
+// the system; 0, read every time, for the models of memory in tests and the
+// simulator). In between, the balancer's own accounting moves it: every byte
+// its pool committed since the reading is taken off `available`, every byte
+// decommitted is added back. Other processes' use shows at the next reading.
+// Before anything is evicted for a new pin, the reading is taken again
+// (ensure_budget), so a reused reading only ever says "it fits"; relieve()
+// reads afresh too.
+MemoryInfo Balancer::memory(bool fresh) {
+  const int64_t max_age = probe_.max_age_ns();
+  if (max_age <= 0) return probe_.read();
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const size_t committed = pool_.committed_bytes();
+  if (!fresh) {
+    MutexLock g(probe_mu_);
+    if (reading_ns_ != 0 && now - reading_ns_ < max_age) {
+      MemoryInfo mi = reading_;
+      if (committed >= reading_committed_) {
+        const uint64_t d = committed - reading_committed_;
+        mi.available = mi.available > d ? mi.available - d : 0;
+      } else {
+        mi.available = std::min<uint64_t>(mi.available + (reading_committed_ - committed), mi.total);
+      }
+      return mi;
+    }
+  }
+  const MemoryInfo mi = probe_.read();  // outside probe_mu_: a /proc read
+  MutexLock g(probe_mu_);
+  if (now >= reading_ns_) {
+    reading_ = mi;
+    reading_ns_ = now;
+    reading_committed_ = committed;
+  }
+  return mi;
+}
+
+// Note [Warm idle memory]
+// An evicted pin's memory stays committed (idle extents of the pool) so that
+// the next pin reuses it warm: committing and faulting in fresh pages runs at a
+// fifth of a copy into warm ones (docs/PERFORMANCE.md, fill). Idle bytes count
+// as available to a new pin (ensure_budget), and the pool keeps as many idle
+// bytes as the budget lets stay committed: while available RAM stays at or
+// above `line`, all of them; below it, it gives back the difference, never
+// below the pool's own retain_free. While free_along_tiers() frees for a new
+// pin, the pool keeps everything and the line is the pin's own
+// (pin_reserve_line): the pin that asked for room reuses it at once. Otherwise
+// (after a pin was made, after free() and relieve()) the line is the headroom:
+// idle memory never takes available RAM below the RAM-pressure line, where it
+// would be memory the page cache could hold, and relieve() gives it back
+// before it evicts any pin. A registration ceiling that is hit drops idle
+// extents before it drops any pin's page-lock.
+void Balancer::keep_warm(const MemoryInfo& mi, uint64_t line) {
+  const uint64_t idle = pool_.idle_bytes();
+  const uint64_t room = idle + mi.available;  // available once the idle bytes went back
+  const uint64_t keep = std::max<uint64_t>(pool_.options().retain_free, room > line ? room - line : 0);
+  pool_.set_retain_free(static_cast<size_t>(keep));
+  if (idle > keep) pool_.trim(static_cast<size_t>(keep));
+}
+
+uint64_t Balancer::unreserved_locked(uint64_t available, uint64_t settled_at_read) const {
+  // settled_ only grows; a sum past 2^64 cannot be available anyway.
+  const uint64_t since = settled_ - settled_at_read;
+  const uint64_t unseen = reserved_ > UINT64_MAX - since ? UINT64_MAX : reserved_ + since;
+  return available > unseen ? available - unseen : 0;
+}
+
+uint64_t Balancer::reserve(size_t bytes, uint64_t available, uint64_t settled_at_read, const Config& c) {
+  MutexLock g(mu_);
+  const uint64_t shortfall = pin_shortfall(bytes, unreserved_locked(available, settled_at_read), c);
+  if (shortfall == 0) reserved_ += bytes;
+  return shortfall;
+}
+
+bool Balancer::ensure_budget(size_t bytes, Subset target, MemoryInfo& mi, uint64_t settled_at_read) {
   PINS_RANGE("pins::ensure_budget");
   const Config c = config();
-  const uint64_t shortfall = pin_shortfall(bytes, mi.available, c);
+  const auto sum = [](uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; };
+  // Note [Warm idle memory]: the pool's idle bytes are the new pin's to reuse.
+  // Note [Budget reservation]: reserve() admits and reserves under mu_.
+  uint64_t room = sum(mi.available, pool_.idle_bytes());
+  uint64_t shortfall = reserve(bytes, room, settled_at_read, c);
+  if (shortfall == 0) return true;
+  // Note [Memory readings]: nothing is evicted on a reused reading.
+  mi = memory(/*fresh=*/true);
+  room = sum(mi.available, pool_.idle_bytes());
+  shortfall = reserve(bytes, room, settled_at_read, c);
   if (shortfall == 0) return true;
   // Note [Pin eviction tiers]: only a streaming pin may take tier 4.
   const Reach reach = is_streaming(target) ? Reach::SpareActive : Reach::SparePromptStreaming;
-  return free_along_tiers(pin_free_goal(shortfall, c), reach) >= shortfall;
+  const size_t freed = free_along_tiers(pin_free_goal(shortfall, c), reach, pin_reserve_line(c));
+  // At least the shortfall freed, counted again against the reservations of now.
+  return freed >= shortfall && reserve(bytes, sum(room, freed), settled_at_read, c) == 0;
 }
 
 bool Balancer::ensure_lock_room(size_t bytes, const MemoryInfo& mi) {
@@ -407,20 +531,27 @@ bool Balancer::ensure_lock_room(size_t bytes, const MemoryInfo& mi) {
   // Note [Pin eviction tiers]: drop page-locks (keeping the memory) in eviction
   // order until the new pin fits under the ceiling with lock_hysteresis to spare.
   const uint64_t goal = lock_drop_goal(ceiling, bytes, c);
+  // Idle extents hold locks no pin needs: they go first (Note [Warm idle memory]).
+  if (const size_t idle = pool_.idle_bytes(); idle > 0) {
+    const uint64_t over = locked() > goal ? locked() - goal : 0;
+    pool_.trim(idle > over ? idle - over : 0);
+    if (lock_fits(locked(), bytes, ceiling)) return true;
+  }
   std::vector<std::pair<Pin*, void*>> order;
   {
     MutexLock g(mu_);
     const uint64_t now = locked();
     const uint64_t need = now > goal ? now - goal : 0;
     uint64_t got = 0;
-    for (const Candidate& cand : order_locked(Reach::SpareActive)) {
-      if (got >= need) break;
+    walk_locked(Reach::SpareActive, [&](const Candidate& cand) {
+      if (got >= need) return false;
       Pin* p = cand.pin;
-      if (p->state != PinState::Live || p->users > 0 || p->block == nullptr || !pool_.is_locked(p->block)) continue;
+      if (p->state != PinState::Live || p->users > 0 || p->block == nullptr || !pool_.is_locked(p->block)) return true;
       p->state = PinState::Evicting;  // held against eviction and reuse while its lock drops
       order.emplace_back(p, p->block);
       got += p->bytes;
-    }
+      return true;
+    });
   }
   std::vector<bool> dropped(order.size(), false);
   for (size_t i = 0; i < order.size() && locked() > goal; ++i)
@@ -442,12 +573,15 @@ bool Balancer::ensure_lock_room(size_t bytes, const MemoryInfo& mi) {
   return lock_fits(locked(), bytes, ceiling);
 }
 
-std::vector<Candidate> Balancer::order_locked(Reach reach) const {
-  return eviction_order(models_, reach, config_.policy, trace_);
+void Balancer::walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) const {
+  walk_eviction_order(models_, reach, config_.policy, trace_, visit);  // Note [Eviction walk]
 }
 
-size_t Balancer::free_along_tiers(size_t bytes, Reach reach) {
+size_t Balancer::free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line) {
   PINS_RANGE("pins::free");
+  // Note [Warm idle memory]: the pool keeps what is freed below; keep_warm()
+  // at the end sets the limit the budget allows.
+  pool_.set_retain_free(HostPool::kMaxAllocation);
   size_t freed = sweep();  // pins of dead sources are free wins before any tier
   std::unordered_set<Pin*> skipped;
   while (freed < bytes) {
@@ -455,19 +589,21 @@ size_t Balancer::free_along_tiers(size_t bytes, Reach reach) {
     {
       MutexLock g(mu_);
       size_t want = bytes - freed, got = 0;
-      for (const Candidate& c : order_locked(reach)) {
+      std::vector<Pin*> busy_now;  // counted below: the walk's visitor touches pins only
+      walk_locked(reach, [&](const Candidate& c) {
         Pin* p = c.pin;
-        if (skipped.count(p)) continue;
+        if (skipped.count(p)) return true;
         if (p->users > 0 || p->state != PinState::Live) {
-          stats_locked(*p).inflight_skips++;
+          busy_now.push_back(p);
           skipped.insert(p);
-          continue;
+          return true;
         }
         p->state = PinState::Evicting;
         batch.push_back(c);
         got += p->bytes;
-        if (got >= want) break;
-      }
+        return got < want;
+      });
+      for (Pin* p : busy_now) stats_locked(*p).inflight_skips++;
     }
     if (batch.empty()) break;
     // Fence queries may call the driver: outside mu_ (Note [Balancer locking]).
@@ -500,25 +636,46 @@ size_t Balancer::free_along_tiers(size_t bytes, Reach reach) {
     }
     free_blocks(blocks);
   }
-  if (freed > 0) pool_.trim(0);  // give the RAM back to the OS now
+  // Note [Warm idle memory]: what was freed stays committed for the next pin
+  // as far as the budget allows; the rest goes back to the OS now.
+  keep_warm(memory(), warm_line);
   return freed;
 }
 
 size_t Balancer::free(size_t bytes, bool evict_active) {
-  return free_along_tiers(bytes, evict_active ? Reach::All : Reach::SpareActive);
+  const size_t freed =
+      free_along_tiers(bytes, evict_active ? Reach::All : Reach::SpareActive, config().headroom);
+  // An explicit request for RAM: short of pins to evict, the pool's idle
+  // committed memory goes back too, up to what was asked.
+  if (freed < bytes) {
+    const size_t rest = bytes - freed, idle = pool_.idle_bytes();
+    pool_.trim(idle > rest ? idle - rest : 0);
+  }
+  return freed;
 }
 
 size_t Balancer::relieve() {
   PINS_RANGE("pins::relieve");
-  const MemoryInfo mi = probe_.read();
+  {
+    std::vector<void*> dead;
+    {
+      MutexLock g(mu_);
+      reclaim_step_locked(dead);  // Note [Dead source reclaim]: the monitor's polls reclaim too
+    }
+    free_blocks(dead);
+  }
+  MemoryInfo mi = memory(/*fresh=*/true);
   const Config c = config();
   {
     MutexLock g(mu_);
     relieve_calls_++;
   }
+  // Note [Warm idle memory]: idle memory goes back before any pin.
+  keep_warm(mi, c.headroom);
+  mi = memory();
   const uint64_t shortfall = relieve_shortfall(mi.available, c);
   if (shortfall == 0) return 0;
-  const size_t freed = free_along_tiers(relieve_free_goal(shortfall, c), Reach::SpareActive);
+  const size_t freed = free_along_tiers(relieve_free_goal(shortfall, c), Reach::SpareActive, c.headroom);
   MutexLock g(mu_);
   pressure_freed_ += static_cast<int64_t>(freed);
   return freed;
@@ -559,6 +716,46 @@ size_t Balancer::invalidate_model(ModelId model) {
   return bytes;
 }
 
+// ------------------------------------------------------------------ Note [Dead source reclaim]
+
+void Balancer::ring_add_locked(Pin* p) {
+  p->ring = ring_.size();
+  ring_.push_back(p);  // not checked yet this round: after the cursor
+}
+
+void Balancer::ring_remove_locked(Pin* p) {
+  size_t hole = p->ring;
+  PINS_ASSERT(hole < ring_.size() && ring_[hole] == p);
+  // Each step moves ring_[from] into the hole and leaves the hole at `from`.
+  if (hole < ring_next_) {
+    // A checked slot: the last checked pin fills it, so the unchecked ones
+    // stay contiguous after the cursor.
+    const size_t from = --ring_next_;
+    ring_[hole] = ring_[from];
+    ring_[hole]->ring = hole;
+    hole = from;
+  }
+  if (const size_t last = ring_.size() - 1; hole != last) {
+    ring_[hole] = ring_[last];
+    ring_[hole]->ring = hole;
+  }
+  ring_.pop_back();
+  p->ring = SIZE_MAX;
+}
+
+void Balancer::reclaim_step_locked(std::vector<void*>& to_free) {
+  for (int n = 0; n < kReclaimPerCall && !ring_.empty(); ++n) {
+    if (ring_next_ >= ring_.size()) ring_next_ = 0;  // a new round
+    Pin* p = ring_[ring_next_];
+    if (p->state == PinState::Live && p->guard && !p->guard->alive()) {
+      stats_locked(*p).dropped++;
+      unlink_locked(p, to_free);  // the next unchecked pin takes its slot
+    } else {
+      ++ring_next_;
+    }
+  }
+}
+
 size_t Balancer::sweep() {
   std::vector<void*> blocks;
   size_t bytes = 0;
@@ -577,6 +774,11 @@ size_t Balancer::sweep() {
 SubsetStats Balancer::subset_stats(ModelId model, Subset s) const {
   MutexLock g(mu_);
   return model_locked(model, "subset_stats").stats[static_cast<int>(s)];
+}
+
+uint64_t Balancer::reserved_bytes() const {
+  MutexLock g(mu_);
+  return reserved_;
 }
 
 std::vector<Balancer::PinInfo> Balancer::pins() const {
@@ -610,6 +812,10 @@ BalancerStats Balancer::stats() const {
     ms.in_prompt = m->in_prompt;
     out.total += ms.total;
     out.models.push_back(std::move(ms));
+  }
+  for (int s = 0; s < kSubsets; ++s) {  // forgotten models' COUNTs and SUMs (levels 0)
+    out.subsets[s] += retired_[s];
+    out.total += retired_[s];
   }
   out.refusals = refusals_;
   out.busy_misses = busy_misses_;

@@ -11,6 +11,33 @@
 // never the reverse. No pool allocation or free, no fence query, no /proc read
 // happens under mu_: victims are chosen and marked Evicting under mu_, checked
 // for copies in flight and freed outside it, and unlinked under mu_ again.
+// Across fork() the runtime's handlers hold mu_ (lock_for_fork, Note [Fork
+// safety] in csrc/runtime/runtime.h).
+//
+// Note [Budget reservation]
+// The budget check works on a reading of system memory taken unlocked, and a
+// new pin's memory shows only once the pool allocated its block (committed
+// pages are populated; a reused idle extent leaves the pool's idle count).
+// Two casts on the same reading could each see room for one pin and both
+// allocate. So a pin being made reserves its bytes, under mu_, when the budget
+// admits it, until its block is allocated (or refused): the check subtracts
+// from the available figure every reservation held, and the bytes of
+// reservations settled (blocks allocated) since the cast's reading was taken,
+// which that reading may not show. The check after freeing is made again
+// under mu_ against the reservations of that moment. So the pins admitted on
+// one reading never take more than it said was available; a reading is at
+// worst conservative.
+//
+// Note [Dead source reclaim]
+// A pin whose source died (SourceGuard::alive() false) serves nothing, but its
+// memory stays pinned until someone looks. Every linked pin has a slot in a
+// ring; each acquire() and relieve() checks the next kReclaimPerCall pins of
+// the ring (a cursor, wrapping) and drops those whose source died, freeing
+// them outside mu_: bounded work per call, and no boundary needed. The slots
+// not yet checked this round stay contiguous after the cursor (a removal keeps
+// them so, new pins join at the end), so no pin is passed over: one whose
+// source died is dropped within about pins / (kReclaimPerCall - 1) later
+// calls. sweep() (node and prompt boundaries, frees) still checks every pin.
 #pragma once
 
 #include <atomic>
@@ -55,6 +82,10 @@ class Lease {
   void filled();
 
  private:
+  // Note [Copies from a block] (csrc/pool/pool.h): a lease is a copy from its
+  // pin's block announced to the pool (begin_copy when handed out); its release
+  // ends it (end_copy), after the op recorded its fence. So the extent keeps its
+  // page-lock and the block is not reused between the copy's issue and its fence.
   friend class Balancer;
   Balancer* owner_ = nullptr;
   Pin* pin_ = nullptr;
@@ -74,6 +105,7 @@ struct Request {
   std::optional<uint64_t> version;     // the source's version counter now; none without one
   uint64_t span = 0;                   // bytes of its storage the source reaches (0: key.nbytes)
   std::vector<SourcePart> parts;       // a gathered pin: every source in order; empty for one
+  const char* op = "cast_to_device";   // names the caller in the error for a model not registered
 };
 
 class Balancer {
@@ -124,14 +156,20 @@ class Balancer {
 
   // ---- budget (DESIGN.md "Budget", budget.h)
   // Frees at least `bytes`: pins of dead sources first, then along tiers 1-4
-  // (and 5 when evict_active); returns the bytes freed.
+  // (and 5 when evict_active); returns the bytes of pins freed. Short of pins,
+  // it decommits the pool's idle extents too, up to the rest of `bytes`.
   size_t free(size_t bytes, bool evict_active = false) PINS_EXCLUDES(mu_);
   // The RAM-pressure check: frees (headroom - available) + relieve_slack when positive.
   size_t relieve() PINS_EXCLUDES(mu_);
   // Drops pins whose source died; returns their bytes.
   size_t sweep() PINS_EXCLUDES(mu_);
 
+  // Note [Dead source reclaim]: pins of the ring checked per acquire() and relieve().
+  static constexpr int kReclaimPerCall = 8;
+
   // ---- stats
+  // COUNT and SUM totals never decrease: a forgotten model's counters stay in
+  // the totals (retired_); levels drop.
   BalancerStats stats() const PINS_EXCLUDES(mu_);
   SubsetStats subset_stats(ModelId model, Subset s) const PINS_EXCLUDES(mu_);
   struct PinInfo {
@@ -142,6 +180,20 @@ class Balancer {
     bool locked;
   };
   std::vector<PinInfo> pins() const PINS_EXCLUDES(mu_);  // every live pin, for tests and tools
+  // Bytes reserved by pins being made (Note [Budget reservation]).
+  uint64_t reserved_bytes() const PINS_EXCLUDES(mu_);
+
+  // Note [Fork safety] (csrc/runtime/runtime.h): the runtime's pthread_atfork
+  // handlers hold mu_ across fork(), between the runtime's lock and the pool's
+  // (Note [Lock order]), and probe_mu_ (a leaf) after mu_. Nothing else may call these.
+  void lock_for_fork() PINS_ACQUIRE(mu_, probe_mu_) {
+    mu_.lock();
+    probe_mu_.lock();
+  }
+  void unlock_after_fork() PINS_RELEASE(mu_, probe_mu_) {
+    probe_mu_.unlock();
+    mu_.unlock();
+  }
 
  private:
   friend class Lease;
@@ -152,14 +204,35 @@ class Balancer {
   const Model& model_locked(ModelId id, const char* what) const PINS_REQUIRES(mu_);
   Pin* find_locked(Model& m, Subset s, const Request& r, std::vector<void*>& to_free) PINS_REQUIRES(mu_);
   void unlink_locked(Pin* p, std::vector<void*>& to_free) PINS_REQUIRES(mu_);
-  std::vector<Candidate> order_locked(Reach reach) const PINS_REQUIRES(mu_);
-  size_t free_along_tiers(size_t bytes, Reach reach) PINS_EXCLUDES(mu_);
+  // The eviction order of `reach`, walked until `visit` returns false (Note [Eviction walk]).
+  void walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) const PINS_REQUIRES(mu_);
+  // Ends with keep_warm(warm_line) (Note [Warm idle memory]).
+  size_t free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line) PINS_EXCLUDES(mu_);
   // Makes room for a new pin of `bytes` in `target`: true when it may be created.
-  bool ensure_budget(size_t bytes, Subset target, const MemoryInfo& mi) PINS_EXCLUDES(mu_);
+  // Note [Budget reservation]: when true, `bytes` are reserved; `settled_at_read`
+  // is settled_ before `mi` was read.
+  bool ensure_budget(size_t bytes, Subset target, MemoryInfo& mi, uint64_t settled_at_read)
+      PINS_EXCLUDES(mu_);  // may read mi afresh
+  // Reserves `bytes` when the budget admits them on `available` (less the
+  // reservations that reading does not show); returns the shortfall, 0 when reserved.
+  uint64_t reserve(size_t bytes, uint64_t available, uint64_t settled_at_read, const Config& c) PINS_EXCLUDES(mu_);
   // Registration ceiling: whether a new pin of `bytes` may be page-locked,
   // after dropping page-locks along the tiers if needed.
   bool ensure_lock_room(size_t bytes, const MemoryInfo& mi) PINS_EXCLUDES(mu_);
   void free_blocks(const std::vector<void*>& blocks) PINS_EXCLUDES(mu_);  // into the pool, outside mu_
+  // Note [Memory readings]: the probe's reading, reused for max_age_ns and
+  // adjusted by the pool's commits since; `fresh` reads now.
+  MemoryInfo memory(bool fresh = false) PINS_EXCLUDES(mu_, probe_mu_);
+  // Note [Warm idle memory]: sets the pool's retain limit from the budget and
+  // decommits the idle bytes past it.
+  void keep_warm(const MemoryInfo& mi, uint64_t line) PINS_EXCLUDES(mu_, probe_mu_);
+  // `available` less the reservations a reading taken at `settled_at_read`
+  // (settled_ then) does not show (Note [Budget reservation]).
+  uint64_t unreserved_locked(uint64_t available, uint64_t settled_at_read) const PINS_REQUIRES(mu_);
+  // Note [Dead source reclaim]: the ring, and one bounded step over it.
+  void ring_add_locked(Pin* p) PINS_REQUIRES(mu_);
+  void ring_remove_locked(Pin* p) PINS_REQUIRES(mu_);
+  void reclaim_step_locked(std::vector<void*>& to_free) PINS_REQUIRES(mu_);
   SubsetStats& stats_locked(const Pin& p) PINS_REQUIRES(mu_);  // its model's counters for its subset
   void reap_orphan_locked(Pin* p, std::vector<void*>& to_free) PINS_REQUIRES(mu_);  // frees a detached pin
   // Counts a cast served from the source (the model may be gone).
@@ -173,6 +246,14 @@ class Balancer {
 
   HostPool& pool_;     // must outlive the balancer
   MemoryProbe& probe_;  // must outlive the balancer
+
+  // Note [Memory readings]: the last reading, when, and the pool's committed
+  // bytes then. A leaf lock: no other lock is taken while it is held (the
+  // probe is read and the pool asked with it released).
+  mutable Mutex probe_mu_;
+  MemoryInfo reading_ PINS_GUARDED_BY(probe_mu_);
+  int64_t reading_ns_ PINS_GUARDED_BY(probe_mu_) = 0;  // 0: none yet
+  size_t reading_committed_ PINS_GUARDED_BY(probe_mu_) = 0;
 
   mutable Mutex mu_;
   Config config_ PINS_GUARDED_BY(mu_);
@@ -190,6 +271,13 @@ class Balancer {
   int64_t relieve_calls_ PINS_GUARDED_BY(mu_) = 0;   // COUNT
   int64_t busy_misses_ PINS_GUARDED_BY(mu_) = 0;     // COUNT hits on a pin still filling
   int64_t bypassed_[kBypassReasons] PINS_GUARDED_BY(mu_) = {};  // COUNT by reason, forgotten models included
+  SubsetStats retired_[kSubsets] PINS_GUARDED_BY(mu_);  // COUNTs and SUMs of forgotten models (levels 0)
+  // Note [Budget reservation].
+  uint64_t reserved_ PINS_GUARDED_BY(mu_) = 0;  // level: bytes of pins being made
+  uint64_t settled_ PINS_GUARDED_BY(mu_) = 0;   // SUM: bytes of reservations ended by an allocation
+  // Note [Dead source reclaim]: every linked pin; slots [ring_next_, end) are not checked yet this round.
+  std::vector<Pin*> ring_ PINS_GUARDED_BY(mu_);
+  size_t ring_next_ PINS_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> plain_copies_{0};              // COUNT casts without a model
 };
 

@@ -24,9 +24,10 @@ uint64_t add_sub_sat(uint64_t a, uint64_t b, uint64_t c) {
 
 }  // namespace
 
+uint64_t pin_reserve_line(const Config& c) { return std::max(c.headroom / 2, c.pin_reserve); }
+
 uint64_t pin_shortfall(uint64_t bytes, uint64_t available, const Config& c) {
-  const uint64_t reserve = std::max(c.headroom / 2, c.pin_reserve);
-  return add_sub_sat(bytes, reserve, available);
+  return add_sub_sat(bytes, pin_reserve_line(c), available);
 }
 
 uint64_t pin_free_goal(uint64_t shortfall, const Config& c) {

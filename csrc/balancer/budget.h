@@ -15,6 +15,8 @@ namespace pins {
 // Before pinning `bytes`: shortfall = bytes + max(headroom/2, pin_reserve) - A,
 // 0 when the pin fits in available RAM `available`.
 uint64_t pin_shortfall(uint64_t bytes, uint64_t available, const Config& c);
+// The available RAM a new pin must leave: max(headroom/2, pin_reserve).
+uint64_t pin_reserve_line(const Config& c);
 // What freeing aims at for a pin's shortfall: shortfall + pin_slack; 0 for none.
 // The pin is created only when at least the shortfall itself was freed.
 uint64_t pin_free_goal(uint64_t shortfall, const Config& c);

@@ -18,8 +18,20 @@
 //         prompt's recorded accesses; mru for the rest of a prompt that departs
 //         from the record (Note [Trace policy] in trace.h)
 // A pin with a lease out or a copy in flight is skipped (and counted), never freed.
+//
+// Note [Eviction walk]
+// eviction_order() builds the whole order (every pin, sorted): the reference,
+// and what the trace policy still does while it follows a record (a pin's
+// predicted next use moves with every access). walk_eviction_order() yields
+// the same order lazily from indexes the balancer keeps up to date as pins are
+// made, used and dropped: Model::by_created (mru: newest first) and
+// Model::by_use (lru: least recently used first). The models are sorted once
+// per walk (there are few), and within a tier each model's one or two subsets
+// of that tier are merged as they are walked, so a decision that stops after k
+// pins costs O(models log models + k) whatever the number of pins.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "csrc/balancer/registry.h"
@@ -38,6 +50,8 @@ inline int last_tier(Reach r) { return static_cast<int>(r); }
 
 // A pin's tier (1-5) as its model stands now.
 int tier_of(const Pin& p, const Model& m);
+// The tier of every pin of subset `s` of `m`.
+int tier_of(Subset s, const Model& m);
 
 struct Candidate {
   Pin* pin;
@@ -48,5 +62,11 @@ struct Candidate {
 // them; `trace` gives the trace policy's predictions while it is followed.
 std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyKind policy,
                                       const TraceRecorder& trace);
+
+// The same order (Note [Eviction walk]), handed to `visit` one candidate at a
+// time until it returns false. The models' by_created and by_use indexes must
+// list their pins. `visit` must not change the registry.
+void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
+                         const std::function<bool(const Candidate&)>& visit);
 
 }  // namespace pins

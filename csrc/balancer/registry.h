@@ -88,8 +88,9 @@ enum class Bypass : int {
   Busy = 3,       // the source's pin is being filled or evicted by another thread
   Raced = 4,      // another thread pinned the same source while this one made room
   Forgotten = 5,  // the model was forgotten while its pin was being made
+  Unlocking = 6,  // the pin's extent is losing its page-lock (Note [Copies from a block] in csrc/pool/pool.h)
 };
-constexpr int kBypassReasons = 6;
+constexpr int kBypassReasons = 7;
 const char* to_string(Bypass b);
 
 // Note [Pin validity]
@@ -116,6 +117,7 @@ struct Pin {
   PinState state = PinState::Filling;
   int users = 0;                          // leases out (copies being issued)
   bool orphaned = false;                  // detached from its model; freed when users drops to 0
+  size_t ring = SIZE_MAX;                 // its slot in the reclaim ring while linked (Note [Dead source reclaim])
 };
 
 // Per model and subset counters; levels are `pins` and `bytes`, the rest COUNT/SUM.
@@ -177,6 +179,8 @@ struct Model {
   SubsetStats stats[kSubsets];
   std::unordered_map<PinKey, std::unique_ptr<Pin>, PinKeyHash> pins[kSubsets];
   std::map<uint64_t, Pin*> by_created[kSubsets];  // newest last
+  // (last_use, created): least recently used first (Note [Eviction walk] in eviction.h).
+  std::map<std::pair<uint64_t, uint64_t>, Pin*> by_use[kSubsets];
 };
 
 // Every registered model, by id.

@@ -16,7 +16,10 @@
 // (csrc/system/monitor.h) only serializes the join of the monitor's thread; it
 // is never taken with one of the three held, nor one of them under it, and the
 // monitor's thread (which takes levels 2 and 3 in Balancer::relieve) never
-// takes it.
+// takes it. Another leaf: Balancer::probe_mu_ (Note [Memory readings] in
+// csrc/balancer/balancer.cpp) guards the last memory reading; nothing else is
+// taken while it is held (it may be taken under Balancer::mu_: the fork
+// handlers do).
 #pragma once
 
 #include <mutex>

@@ -53,7 +53,8 @@ HostPool::HostPool(std::unique_ptr<HostBackend> backend, PoolOptions options)
       page_(backend_->page_size()),
       align_(std::max<size_t>(options.alignment, 1)),
       can_lock_(backend_->can_lock()),
-      cap_(options.cap) {
+      cap_(options.cap),
+      retain_free_(options.retain_free) {
   PINS_CHECK_VALUE((align_ & (align_ - 1)) == 0 && align_ <= page_,
                    "pool alignment must be a power of two no larger than the page size (", page_, "), got ",
                    align_);
@@ -403,7 +404,7 @@ void HostPool::free(void* ptr) {
       return;
     }
     release(b);
-    if (idle_bytes_ > opts_.retain_free) victims = pick_idle(idle_bytes_ - opts_.retain_free);
+    if (idle_bytes_ > retain_free_) victims = pick_idle(idle_bytes_ - retain_free_);
   }
   if (!victims.empty()) decommit(std::move(victims));
 }
@@ -436,7 +437,7 @@ void HostPool::reap() {
       if (ready[i] && b->copies == 0 && b->fence_adds == snap[i].fence_adds) release(b);
       else parked_.push_back(b);
     }
-    if (idle_bytes_ > opts_.retain_free) victims = pick_idle(idle_bytes_ - opts_.retain_free);
+    if (idle_bytes_ > retain_free_) victims = pick_idle(idle_bytes_ - retain_free_);
   }
   if (!victims.empty()) decommit(std::move(victims));
   // snap's fences are destroyed here, unlocked.
@@ -513,6 +514,26 @@ void HostPool::end_copy(void* ptr, std::shared_ptr<Fence> fence) {
     stats_.copies.decrease(1);
   }
   // A block freed during its copy is parked; the next reap() returns it.
+}
+
+size_t HostPool::retain_free() const {
+  MutexLock g(mu_);
+  return retain_free_;
+}
+
+void HostPool::set_retain_free(size_t bytes) {
+  MutexLock g(mu_);
+  retain_free_ = bytes;
+}
+
+size_t HostPool::idle_bytes() const {
+  MutexLock g(mu_);
+  return idle_bytes_;
+}
+
+size_t HostPool::committed_bytes() const {
+  MutexLock g(mu_);
+  return static_cast<size_t>(stats_.committed_bytes.current);
 }
 
 size_t HostPool::trim(size_t keep_idle) {

@@ -11,8 +11,10 @@
 // A block never spans two extents, so each allocation lies in a single
 // page-locked registration (a DMA from it is never split across driver
 // registrations). When every block of an extent is free the extent is *idle*:
-// it stays committed (and locked) for reuse until the idle bytes pass
-// PoolOptions::retain_free or trim() is called, and then it is unlocked,
+// it stays committed (and locked) for reuse until the idle bytes pass the
+// retain limit (PoolOptions::retain_free at first; set_retain_free() moves it:
+// the balancer sets it from its budget, Note [Warm idle memory] in
+// csrc/balancer/balancer.cpp) or trim() is called, and then it is unlocked,
 // decommitted (RSS drops) and its range coalesces back into the segment's free
 // address space; a segment with nothing committed is released.
 //
@@ -117,6 +119,15 @@ class HostPool {
   // Decommits idle extents until at most `keep_idle` idle bytes remain (and
   // reaps parked blocks first). Returns the bytes decommitted.
   size_t trim(size_t keep_idle = 0) PINS_EXCLUDES(mu_);
+  // The retain limit: idle bytes a free() keeps committed (the rest is
+  // decommitted, oldest idle first). Starts at PoolOptions::retain_free; a
+  // lower limit takes effect at the next free() or trim().
+  size_t retain_free() const PINS_EXCLUDES(mu_);
+  void set_retain_free(size_t bytes) PINS_EXCLUDES(mu_);
+  // Committed bytes with no block allocated in them (idle extents).
+  size_t idle_bytes() const PINS_EXCLUDES(mu_);
+  // stats().committed_bytes.current without copying the whole stats.
+  size_t committed_bytes() const PINS_EXCLUDES(mu_);
 
   size_t requested_size(void* ptr) const PINS_EXCLUDES(mu_);
   // Whether the block lies in a page-locked extent.
@@ -132,6 +143,7 @@ class HostPool {
   void reset_accumulated() PINS_EXCLUDES(mu_);
   void reset_peak() PINS_EXCLUDES(mu_);
   const HostBackend& backend() const { return *backend_; }
+  const PoolOptions& options() const { return opts_; }  // as built
 
   // Note [Fork safety] (csrc/runtime/runtime.h): the runtime's pthread_atfork
   // handlers hold mu_ across fork(), so a child never starts with it held by a
@@ -188,6 +200,7 @@ class HostPool {
   size_t committing_ PINS_GUARDED_BY(mu_) = 0;  // bytes taken from ranges_, commit in flight
   size_t reaping_ PINS_GUARDED_BY(mu_) = 0;     // parked blocks a reap() holds outside parked_
   size_t idle_bytes_ PINS_GUARDED_BY(mu_) = 0;
+  size_t retain_free_ PINS_GUARDED_BY(mu_);  // the retain limit (set_retain_free)
   uint64_t clock_ PINS_GUARDED_BY(mu_) = 0;
   std::map<uintptr_t, std::unique_ptr<Segment>> segments_ PINS_GUARDED_BY(mu_);
   std::map<uintptr_t, Range> ranges_ PINS_GUARDED_BY(mu_);  // uncommitted free address space

@@ -80,6 +80,7 @@ void Runtime::prepare_fork() PINS_NO_THREAD_SAFETY_ANALYSIS {
   l.mu.lock();
   for (Runtime* rt : l.list) {
     rt->mu_.lock();
+    rt->balancer_->lock_for_fork();
     rt->pool_.lock_for_fork();
   }
 }
@@ -88,6 +89,7 @@ void Runtime::after_fork() PINS_NO_THREAD_SAFETY_ANALYSIS {
   LiveRuntimes& l = live_runtimes();
   for (auto it = l.list.rbegin(); it != l.list.rend(); ++it) {
     (*it)->pool_.unlock_after_fork();
+    (*it)->balancer_->unlock_after_fork();
     (*it)->mu_.unlock();
   }
   l.mu.unlock();

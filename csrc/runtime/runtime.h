@@ -8,15 +8,16 @@
 // one thread, the one that forked, and a copy of everything else:
 //  - Locks. pthread_atfork handlers, registered with the first Runtime, hold
 //    across fork() the lock of Runtime::get()'s first build and, for every
-//    live Runtime in Note [Lock order], its mu_ and its pool's mu_; both
-//    processes release them after. So no lock of these is copied held by a
-//    thread that does not exist in the child, and the bookkeeping they guard is
+//    live Runtime in Note [Lock order], its mu_, its balancer's mu_
+//    (Balancer::lock_for_fork) and its pool's mu_; both processes release
+//    them after, in reverse. So no lock of these is copied held by a thread
+//    that does not exist in the child, and the bookkeeping they guard is
 //    copied between two critical sections. Work that runs between two lock
-//    holds (a backend call, a fence query) is not waited for: in the child,
-//    the bytes a commit or a reap held in between stay out of use (leaked
-//    address space, never a broken invariant). The balancer's mu_ is not
-//    held across fork() yet (it has no such hook): a fork while another thread
-//    holds it leaves it held in the child.
+//    holds (a backend call, a fence query, a pin being filled) is not waited
+//    for: in the child, the bytes a commit or a reap held in between stay out
+//    of use (leaked address space, never a broken invariant), and a pin
+//    another thread was filling or leasing stays in use (never served, never
+//    freed).
 //  - The monitor (Note [Monitor across fork], csrc/system/monitor.h). The
 //    child's copy has no thread: monitor_running() says false, and the next
 //    configure() in the child replaces it, starting the child's own monitor

@@ -133,8 +133,8 @@ std::vector<fs::path> cgroup_path(const fs::path& base, std::string_view leaf) {
 
 }  // namespace
 
-SystemMemoryProbe::SystemMemoryProbe(std::string root)
-    : root_(std::move(root)), meminfo_path_((fs::path(root_) / "proc/meminfo").string()) {}
+SystemMemoryProbe::SystemMemoryProbe(std::string root, int64_t max_age_ns)
+    : root_(std::move(root)), meminfo_path_((fs::path(root_) / "proc/meminfo").string()), max_age_ns_(max_age_ns) {}
 
 void SystemMemoryProbe::resolve_cgroup() {
   std::string text;

@@ -25,6 +25,11 @@ class MemoryProbe {
  public:
   virtual ~MemoryProbe() = default;
   virtual MemoryInfo read() = 0;
+  // How long a reading may stand for the system (Note [Memory readings] in
+  // csrc/balancer/balancer.cpp): the balancer reuses it that long, adjusted by
+  // its own pool's commits. 0 (models of memory: tests, the simulator): read
+  // every time.
+  virtual int64_t max_age_ns() const { return 0; }
 };
 
 // A cgroup's usage counts its page cache, which the kernel reclaims before it
@@ -39,8 +44,11 @@ class MemoryProbe {
 // Thread-safe: read() may be called from several threads at once.
 class SystemMemoryProbe final : public MemoryProbe {
  public:
-  explicit SystemMemoryProbe(std::string root = "/");
+  // The balancer reads /proc and the cgroup files at most every `max_age_ns`.
+  static constexpr int64_t kDefaultMaxAgeNs = 5'000'000;  // 5 ms
+  explicit SystemMemoryProbe(std::string root = "/", int64_t max_age_ns = kDefaultMaxAgeNs);
   MemoryInfo read() override;
+  int64_t max_age_ns() const override { return max_age_ns_; }
 
  private:
   // The files of one cgroup directory on the path from this process's cgroup to
@@ -56,6 +64,7 @@ class SystemMemoryProbe final : public MemoryProbe {
 
   std::string root_;
   std::string meminfo_path_;
+  int64_t max_age_ns_;
   // Resolved from <root>/proc/self/cgroup on the first read() and kept: the
   // files are re-read every time, the directory list is not.
   std::once_flag resolved_;

@@ -20,7 +20,9 @@
 // conversion of cast_to_device, Note [Cast path]); for a weight and its bias
 // that is the bias alone. A cast the
 // balancer does not serve through a pin (model -1, or a Bypass reason) copies
-// each source into its place in the buffer instead. A hit, a miss and a bypass
+// each source into its place in the buffer instead. With a conversion to the
+// CPU no result keeps the buffer, so there is none: each result is made in one
+// pass from its part of the pin (or its source). A hit, a miss and a bypass
 // count once per group.
 #include <pins/ops/cast_many_to_device.h>
 
@@ -114,8 +116,8 @@ std::vector<at::Tensor> cast_many_to_device_kernel(at::TensorList sources, c10::
   if (model == -1) {
     for (size_t i = 0; i < sources.size(); ++i) bal.count_plain_copy();
   } else {
-    TORCH_CHECK_VALUE(bal.has_model(model), "cast_many_to_device: model ", model, " is not registered");
     Request r;
+    r.op = "cast_many_to_device";  // acquire() refuses a model that is not registered
     r.model = model;
     r.key = group_key(parts, total);
     r.bytes = total;  // 0 (every source empty): counted as Bypass::Empty
@@ -125,6 +127,28 @@ std::vector<at::Tensor> cast_many_to_device_kernel(at::TensorList sources, c10::
     r.parts = parts;
     const std::vector<at::Tensor> held(sources.begin(), sources.end());
     lease = translate([&] { return bal.acquire(r, [&] { return storage_guard(held); }); });
+  }
+
+  // Note [Gathered pins]: the first result keeps the transfer's buffer when it
+  // needs no conversion; the others get their own storage on the device.
+  const bool keep_first = !dtype || *dtype == sources[0].scalar_type();
+  if (device.is_cpu() && !keep_first) {
+    // A conversion to the CPU: no result can keep a transferred buffer, so no
+    // transfer; each result in one pass from its part of the pin (or its
+    // source), converted as it is copied.
+    if (lease && lease.needs_fill()) {
+      PINS_RANGE("pins::fill");
+      for (size_t i = 0; i < sources.size(); ++i)
+        if (bytes[i] != 0) pin_view(lease, offsets[i], sources[i]).copy_(sources[i]);
+      lease.filled();
+    }
+    std::vector<at::Tensor> out;
+    out.reserve(sources.size());
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const at::Tensor from = lease && bytes[i] != 0 ? pin_view(lease, offsets[i], sources[i]) : sources[i];
+      out.push_back(plain_copy(from, device, dtype, non_blocking));
+    }
+    return out;
   }
 
   // One buffer on the device for every part, in the sources' dtypes.
@@ -147,9 +171,6 @@ std::vector<at::Tensor> cast_many_to_device_kernel(at::TensorList sources, c10::
         view_at(staged, offsets[i], sources[i].sizes(), sources[i].scalar_type()).copy_(sources[i], non_blocking);
   }
 
-  // Note [Gathered pins]: the first result keeps the transfer's buffer when it
-  // needs no conversion; the others get their own storage on the device.
-  const bool keep_first = !dtype || *dtype == sources[0].scalar_type();
   std::vector<at::Tensor> out;
   out.reserve(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {

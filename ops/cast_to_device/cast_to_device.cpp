@@ -9,14 +9,19 @@
 // (`bypassed.<reason>`, Bypass in csrc/balancer/registry.h): an empty source, a
 // refusal of the budget or the pool, a pin busy being filled or evicted by
 // another thread, a race with another thread pinning the same source, a model
-// forgotten meanwhile. A new pin is filled from the source (as raw bytes, in
-// the source's dtype), then the pin is copied to the device (non_blocking when
-// asked, with a fence recorded on the device's current stream so the pin is
-// neither evicted nor reused until the copy is done), and a dtype conversion,
-// if any, runs on the copy, exactly as `source.to(device).to(dtype)` would.
-// The out= overload writes that same result into the caller's tensor, on the
-// current stream: one copy from the pin when no conversion is needed, else the
-// copy and then the conversion into `out`.
+// forgotten meanwhile, a pin whose page-lock is being dropped. A new pin is
+// filled from the source (as raw bytes, in the source's dtype), then the pin is
+// copied to the device (non_blocking when asked, with a fence recorded on the
+// device's current stream so the pin is neither evicted nor reused until the
+// copy is done; the lease, alive until after the fence is recorded, announced
+// the copy to the pool: Note [Copies from a block]), and a dtype conversion,
+// if any, gives the values `source.to(device).to(dtype)` would: to the CPU in
+// the same pass as the copy (the result allocated in the target dtype), to
+// another device on the device after the transfer (plain_copy in
+// ops/source.h). The out= overload writes that same result into the caller's
+// tensor, on the current stream: one copy from the pin when no conversion is
+// needed or the device is the CPU, else the copy and then the conversion into
+// `out`.
 //
 // Sources: a CPU, strided, non-quantized tensor with a storage; anything else
 // is a c10::ValueError naming the argument, as is any other bad argument value
@@ -47,7 +52,7 @@ namespace {
 
 // The pin of one source for `model`, or an empty lease (copy from the source).
 Lease acquire_pin(Balancer& bal, const at::Tensor& source, int64_t model, Kind kind, bool resident,
-                  std::optional<int64_t> signature) {
+                  std::optional<int64_t> signature, const char* op) {
   const SourcePart part = source_part(source);
   Request r;
   r.model = model;
@@ -58,6 +63,7 @@ Lease acquire_pin(Balancer& bal, const at::Tensor& source, int64_t model, Kind k
   r.signature = signature;
   r.version = part.version;
   r.span = part.span;
+  r.op = op;
   return translate([&] { return bal.acquire(r, [&] { return storage_guard({source}); }); });
 }
 
@@ -81,8 +87,9 @@ Lease lease_for(const at::Tensor& source, int64_t model, Kind kind, bool residen
     bal.count_plain_copy();
     return {};
   }
-  TORCH_CHECK_VALUE(bal.has_model(model), op, ": model ", model, " is not registered");
-  return acquire_pin(bal, source, model, kind, resident, signature);
+  // acquire() refuses a model that is not registered, naming `op`: one lock
+  // round trip for the lookup, the check and the lease.
+  return acquire_pin(bal, source, model, kind, resident, signature, op);
 }
 
 at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
@@ -125,8 +132,8 @@ at::Tensor& cast_to_device_out_kernel(const at::Tensor& source, c10::Device devi
   PINS_RANGE("pins::cast_to_device.out");
   Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
   const at::Tensor from = pinned_or_source(lease, source);
-  if (from.scalar_type() == out.scalar_type()) {
-    out.copy_(from, non_blocking);
+  if (from.scalar_type() == out.scalar_type() || out.device().is_cpu()) {
+    out.copy_(from, non_blocking);  // one pass; on the CPU the copy converts as it goes
   } else {
     // As cast_to_device: the copy in the source's dtype, then the conversion on the device.
     out.copy_(plain_copy(from, out.device(), std::nullopt, non_blocking));
@@ -145,8 +152,13 @@ at::Tensor cast_to_device_autograd(c10::DispatchKeySet ks, const at::Tensor& sou
   static auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("pins::cast_to_device", "").typed<decltype(cast_to_device)>();
   at::AutoDispatchBelowADInplaceOrView below;
-  return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, source, device, dtype, non_blocking, model, kind,
-                       resident, signature);
+  const c10::DispatchKeySet rest = ks & c10::after_ADInplaceOrView_keyset;
+  // The common case, a plain CPU source with no mode or subclass below
+  // autograd: the redispatch would land on the kernel itself, so call it (one
+  // dispatch per cast, docs/PERFORMANCE.md "cast from Python").
+  if (rest.highestPriorityTypeId() == c10::DispatchKey::CPU)
+    return cast_to_device_kernel(source, device, dtype, non_blocking, model, kind, resident, signature);
+  return op.redispatch(rest, source, device, dtype, non_blocking, model, kind, resident, signature);
 }
 
 // The out= overload writes `out`: redispatched below autograd only, so the

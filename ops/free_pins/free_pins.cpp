@@ -1,4 +1,5 @@
-// pins::free_pins: frees pinned bytes along the eviction tiers on request.
+// pins::free_pins: frees pinned bytes along the eviction tiers on request (and,
+// short of pins, the pool's idle committed memory: Balancer::free).
 #include <pins/ops/free_pins.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>

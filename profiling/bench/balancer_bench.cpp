@@ -15,6 +15,10 @@
 //   end_prompt  what the pins::end_prompt op runs (Balancer::end_prompt, sweep,
 //               relieve), after a prompt that hit every pin once; the pins the
 //               boundary drops are replaced (untimed) so N stays.
+//   sweep       Balancer::sweep() alone (no source died): the check of every
+//               pin's source that each decision (free_along_tiers) and each
+//               boundary run first; the rest of a decision is the eviction walk
+//               (Note [Eviction walk] in csrc/balancer/eviction.h).
 // Growth ratios are the figure at the largest N over the one at the smallest.
 #include <algorithm>
 #include <cstdio>
@@ -66,6 +70,7 @@ uint64_t pin_size(uint64_t i) { return kMinPin * (1 + (i * 7919) % 64); }  // 4 
 struct Point {
   std::vector<double> decision_s;    // per repetition: mean seconds per decision
   std::vector<double> end_prompt_s;  // per repetition
+  std::vector<double> sweep_s;       // per repetition
 };
 
 class Population {
@@ -111,6 +116,12 @@ class Population {
     const double t = time_seconds([&] { end_prompt(); });
     for (size_t have = live_pins(); have < static_cast<size_t>(n_); ++have) cast(weight(next_key_++));
     return t;
+  }
+
+  double sweep() {
+    return time_seconds([&] {
+      if (bal_.sweep() != 0) throw std::runtime_error("sweep() found a dead source");
+    });
   }
 
   BalancerStats stats() const { return bal_.stats(); }
@@ -178,7 +189,7 @@ int balancer_main(const std::vector<std::string>& args) {
   std::printf("decision: Balancer::free(%llu bytes) evicts one pin; end_prompt: Balancer::end_prompt + sweep + "
               "relieve, as the op runs them\n\n", static_cast<unsigned long long>(kMinPin));
   std::string result;
-  char buf[160];
+  char buf[240];
   for (const std::string& policy : policies) {
     const PolicyKind kind = parse_config("policy:" + policy).policy;
     std::map<int, Point> points;
@@ -188,12 +199,15 @@ int balancer_main(const std::vector<std::string>& args) {
       for (int rep = 0; rep < reps; ++rep) pt.decision_s.push_back(pop.decisions(per_rep));
       const int64_t departures = pop.stats().trace_departures;
       for (int rep = 0; rep < reps; ++rep) pt.end_prompt_s.push_back(pop.prompt_boundary());
+      for (int rep = 0; rep < reps; ++rep) pt.sweep_s.push_back(pop.sweep());
       std::printf("%s, %d pins (%zu at the end; trace departures during decisions: %lld)\n", policy.c_str(), n,
                   pop.live_pins(), static_cast<long long>(departures));
       print_reps("decision", pt.decision_s, 1e6, "us");
       print_reps("end_prompt", pt.end_prompt_s, 1e6, "us");
-      std::snprintf(buf, sizeof buf, " decision_us_%s_%d=%.2f end_prompt_us_%s_%d=%.2f", policy.c_str(), n,
-                    median(pt.decision_s) * 1e6, policy.c_str(), n, median(pt.end_prompt_s) * 1e6);
+      print_reps("sweep", pt.sweep_s, 1e6, "us");
+      std::snprintf(buf, sizeof buf, " decision_us_%s_%d=%.2f end_prompt_us_%s_%d=%.2f sweep_us_%s_%d=%.2f",
+                    policy.c_str(), n, median(pt.decision_s) * 1e6, policy.c_str(), n, median(pt.end_prompt_s) * 1e6,
+                    policy.c_str(), n, median(pt.sweep_s) * 1e6);
       result += buf;
     }
     const double growth = median(points[hi].decision_s) / median(points[lo].decision_s);

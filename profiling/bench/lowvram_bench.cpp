@@ -7,7 +7,9 @@
 // model's bytes, so pins stop growing when about that much is pinned. Each
 // policy gets a fresh model; forget_model frees its pins afterwards.
 // Ratios are pins pass time / plain pass time: first pass, and the median of
-// passes 2..P over the median of the plain ones.
+// passes 2..P over the median of the plain ones. --device cuda:0 casts to a
+// GPU instead (profiling/gpu_check.sh): the plain side is then
+// `w.to(device, torch::kBFloat16)`, and each pass ends when the device is done.
 //
 // The sources are in RAM, so nothing is read from disk: on a CPU-only machine a
 // hit copies the same bytes as the plain cast (and more: the pin's copy, then
@@ -50,6 +52,7 @@ std::string human(uint64_t bytes) {
 int lowvram_main(const std::vector<std::string>& args) {
   int layers = 200, layer_mib = 32, passes = 5;
   std::vector<std::string> policies = {"mru", "lru", "trace"};
+  std::string device_name = "cpu";
   for (Args a(args); a.next();) {
     if (a.is("--layers")) {
       layers = a.positive();
@@ -60,17 +63,29 @@ int lowvram_main(const std::vector<std::string>& args) {
       if (passes < 2) throw std::invalid_argument("--passes: expected at least 2 (a first and a steady pass), got 1");
     } else if (a.is("--policies")) {
       policies = a.choice_list({"mru", "lru", "trace"});
+    } else if (a.is("--device")) {
+      device_name = a.value();
     } else {
       a.unknown();
     }
   }
   const uint64_t layer_bytes = uint64_t(layer_mib) * MiB;
   const uint64_t model_bytes = layer_bytes * uint64_t(layers);
-  std::printf("pins-bench lowvram: %d layers x %d MiB fp16 (%s), %d passes, cast to bf16 on the CPU device; "
+  const c10::Device device(device_name);  // c10::Error names a bad one
+  const bool on_cpu = device.is_cpu();
+  std::printf("pins-bench lowvram: %d layers x %d MiB fp16 (%s), %d passes, cast to bf16 on %s; "
               "%d intra-op threads\n",
-              layers, layer_mib, human(model_bytes).c_str(), passes, at::get_num_threads());
-  std::printf("the sources are in RAM (nothing is read from disk): a hit moves the same bytes as the plain cast, so "
-              "on a CPU-only machine pins cannot win here\n\n");
+              layers, layer_mib, human(model_bytes).c_str(), passes, device.str().c_str(), at::get_num_threads());
+  if (on_cpu)
+    std::printf("the sources are in RAM (nothing is read from disk): a hit moves the same bytes as the plain cast, "
+                "so on a CPU-only machine pins cannot win here\n\n");
+  else
+    std::printf("plain: w.to(%s, bf16) from pageable memory; pins: a hit copies from a pinned block\n\n",
+                device.str().c_str());
+  // The end of a pass on a device: a blocking copy back waits for its stream.
+  const auto finish = [&](const at::Tensor& last) {
+    if (!on_cpu && last.defined()) keep(last.view(-1).slice(0, 0, 1).to(at::kCPU).data_ptr());
+  };
 
   // The sources: one random layer, cloned (randn over gigabytes would take minutes).
   const at::Tensor first = at::randn({static_cast<int64_t>(layer_bytes / 2)}).to(at::kHalf);
@@ -78,7 +93,6 @@ int lowvram_main(const std::vector<std::string>& args) {
   weights.reserve(layers);
   for (int i = 0; i < layers; ++i) weights.push_back(i == 0 ? first : first.clone());
 
-  const c10::Device cpu(c10::kCPU);
   std::string result;
   char buf[160];
   for (const std::string& policy : policies) {
@@ -96,18 +110,27 @@ int lowvram_main(const std::vector<std::string>& args) {
     std::printf("%s: MemAvailable %s; configure(\"%s\")\n  (headroom = pin_reserve = %s: pins stop at about %s, "
                 "half the model)\n",
                 policy.c_str(), human(available).c_str(), conf.c_str(), human(floor).c_str(), human(target).c_str());
-    const int64_t model = pins::ops::register_model("lowvram-" + policy, cpu);
+    const int64_t model = pins::ops::register_model("lowvram-" + policy, device);
 
     std::vector<double> plain_s, pins_s;
     for (int pass = 0; pass < passes; ++pass) {
       plain_s.push_back(time_seconds([&] {
-        for (const at::Tensor& w : weights) keep(w.to(at::kBFloat16).data_ptr());
+        at::Tensor last;
+        for (const at::Tensor& w : weights) {
+          last = on_cpu ? w.to(at::kBFloat16) : w.to(device, at::kBFloat16);
+          keep(last.data_ptr());
+        }
+        finish(last);
       }));
       const c10::Dict<std::string, int64_t> before = pins::ops::stats();
       pins_s.push_back(time_seconds([&] {
         pins::ops::mark_prompt({model});
-        for (const at::Tensor& w : weights)
-          keep(pins::ops::cast_to_device(w, cpu, at::kBFloat16, false, model, "weights", false).data_ptr());
+        at::Tensor last;
+        for (const at::Tensor& w : weights) {
+          last = pins::ops::cast_to_device(w, device, at::kBFloat16, false, model, "weights", false);
+          keep(last.data_ptr());
+        }
+        finish(last);
         pins::ops::end_prompt();
       }));
       const c10::Dict<std::string, int64_t> after = pins::ops::stats();

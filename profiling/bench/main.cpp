@@ -28,10 +28,11 @@ const Benchmark kBenchmarks[] = {
      "  --data FILE   model parameter list (default: profiling/data/model_params.csv)\n"
      "  --reps N      timing repetitions; the best one counts (default: 15)\n"},
     {"fill", &pins::bench::fill_main,
-     "filling a pin, warm and fresh (a new pin through Balancer::acquire after an eviction), against memcpy into "
-     "a warm malloc'd buffer",
+     "filling a pin: warm, a new pin through Balancer::acquire after an eviction, a new pin into fresh pages, "
+     "and a chunked fill on several threads, against memcpy into a warm malloc'd buffer",
      "  --size SIZE   bytes per pin, Note [Size syntax] (default: 512M); uses about 5x SIZE of RAM\n"
-     "  --reps N      repetitions; medians count (default: 5)\n"},
+     "  --reps N      repetitions; medians count (default: 5)\n"
+     "  --threads N   threads of the chunked fill (default: 2)\n"},
     {"balancer", &pins::bench::balancer_main,
      "one eviction decision (Balancer::free) and one prompt boundary, as the pin count grows (null backend)",
      "  --pins LIST       pin counts, comma-separated (default: 1000,10000,100000)\n"
@@ -53,6 +54,7 @@ const Benchmark kBenchmarks[] = {
      "  --layer-mib M     MiB of fp16 weights per layer (default: 32)\n"
      "  --passes P        passes over the layers, at least 2 (default: 5)\n"
      "  --policies LIST   of mru, lru, trace, comma-separated (default: mru,lru,trace)\n"
+     "  --device DEV      the device cast to (default: cpu; cuda:0 on a GPU machine)\n"
      "RAM: the sources take L x M MiB (6.4 GiB at the defaults) and the pins about half that again, so peak RSS is\n"
      "about 1.5 x L x M MiB (9.6 GiB); it needs MemAvailable above about 0.5 x L x M MiB + 2 GiB once the sources\n"
      "exist. The pin budget is set through pins::configure (headroom, pin_reserve) from MemAvailable.\n"},

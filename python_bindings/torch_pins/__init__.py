@@ -49,6 +49,10 @@ __all__ = [
 
 library_path = _library.library_path
 _ops = torch.ops.pins
+# The overload itself: calling the packet (torch.ops.pins.cast_to_device) first
+# resolves among its overloads on every call.
+_cast_to_device = _ops.cast_to_device.default
+_PLAIN_TYPES = _subclass._PLAIN_TYPES
 DeviceLike = Union[torch.device, str, int]
 
 
@@ -141,16 +145,24 @@ def cast_to_device(source: torch.Tensor, device: DeviceLike, dtype: Optional[tor
     A source that is not a dense, non-quantized CPU tensor, a bad ``kind``, a
     ``model`` that is not registered or an ``out`` that does not fit raises
     ``ValueError``."""
-    _check_signature("cast_to_device", signature)
-    if _subclass.is_wrapper(source):
+    # The hot path (docs/PERFORMANCE.md, "cast from Python"): a plain tensor, a
+    # torch.device, no signature and no out= cost three checks and one call of
+    # the op's overload, bound once.
+    if signature is not None:
+        _check_signature("cast_to_device", signature)
+    if type(source) not in _PLAIN_TYPES and _subclass.is_wrapper(source):
         return _subclass.cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature, out)
+    if type(device) is not torch.device:
+        device = torch.device(device)
     if out is None:
-        return _ops.cast_to_device(source, torch.device(device), dtype, non_blocking, model, kind, resident,
-                                   signature)
+        # torch.ops parses every argument it is given against the schema (about
+        # 0.4 us each from Python): trailing defaults are left to the schema.
+        if signature is None and resident is False and kind == "weights":
+            return _cast_to_device(source, device, dtype, non_blocking, model)
+        return _cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature)
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"cast_to_device: out must be a tensor, got {type(out).__name__}")
-    return _ops.cast_to_device.out(source, torch.device(device), dtype, non_blocking, model, kind, resident,
-                                   signature, out=out)
+    return _ops.cast_to_device.out(source, device, dtype, non_blocking, model, kind, resident, signature, out=out)
 
 
 def cast_many_to_device(sources: Sequence[torch.Tensor], device: DeviceLike, dtype: Optional[torch.dtype] = None,
@@ -208,8 +220,9 @@ def invalidate_model(model: int) -> int:
 
 def free_pins(bytes: int, evict_active: bool = False) -> int:
     """Frees at least ``bytes`` of pins along the eviction tiers (active models'
-    streaming pins only with ``evict_active``); returns the bytes freed. A
-    negative ``bytes`` raises ``ValueError``."""
+    streaming pins only with ``evict_active``); returns the bytes of pins freed.
+    Short of pins to evict, the pool's idle committed memory goes back too, up
+    to ``bytes``. A negative ``bytes`` raises ``ValueError``."""
     return _ops.free_pins(bytes, evict_active)
 
 
@@ -233,7 +246,7 @@ def stats() -> Stats:
     """Every counter: pins, pinned and committed bytes, hits and misses, evictions
     by tier, refusals, casts served from the source by reason
     (``bypassed.<reason>``: ``empty``, ``refused``, ``pool``, ``busy``,
-    ``raced``, ``forgotten``; ``bypassed`` their sum), ``plain_copies``
+    ``raced``, ``forgotten``, ``unlocking``; ``bypassed`` their sum), ``plain_copies``
     (``model=-1``), per subset (``weights.bytes``...) and per model, by id and by
     name (``model.<id>.*`` and ``model.<name>.*``; a name registered more than
     once reads ``<name>#<id>`` for all but the lowest id, a name made only of

@@ -255,7 +255,7 @@ def test_bypassed_counts_each_reason(pins, model):
                    ("plain_copies", 3), ("refusals", 2), ("pins", 0)):
         assert delta(pins, before, key) == n, key
     s = pins.stats()
-    reasons = ("empty", "refused", "pool", "busy", "raced", "forgotten")
+    reasons = ("empty", "refused", "pool", "busy", "raced", "forgotten", "unlocking")
     assert s["bypassed"] == sum(s[f"bypassed.{r}"] for r in reasons), "the total is the sum of the reasons"
     assert "plain_copies" not in {k.split(".", 2)[-1] for k in s if k.startswith("model.")}, "global only"
 

@@ -159,11 +159,17 @@ def run_bench(*args, timeout=300):
 
 
 def test_bench_fill_ends_with_its_ratios():
-    stdout, figures = run_bench("fill", "--size", "8M", "--reps", "2")
-    assert set(figures) == {"fill_warm_ratio", "fill_fresh_ratio", "fill_fresh_retain_ratio",
-                            "fill_fresh_retain_forget_ratio"}
+    stdout, figures = run_bench("fill", "--size", "8M", "--reps", "2", "--threads", "2")
+    assert set(figures) == {"fill_warm_ratio", "fill_fresh_ratio", "fill_cold_ratio", "fill_warm_mt_ratio"}
     assert all(v > 0 for v in figures.values()), figures
     assert "baseline memcpy, warm malloc" in stdout  # per-repetition lines above the RESULT
+    # Note [Warm idle memory]: the pin evicted by Balancer::free stays committed for the next one,
+    # and the cold variant commits fresh pages every time.
+    lines = stdout.splitlines()
+    evict = lines.index("fresh: default config, evicted by Balancer::free")
+    assert "extents committed 1, decommitted 0 over 2 pins" in "\n".join(lines[evict:evict + 6]), stdout
+    cold = next(i for i, line in enumerate(lines) if line.startswith("cold: "))
+    assert "extents committed 2, decommitted 2 over 2 pins" in "\n".join(lines[cold:cold + 6]), stdout
 
 
 def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
@@ -172,7 +178,7 @@ def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
     for policy in ("mru", "trace", "lru"):
         expected |= {f"decision_growth_{policy}", f"end_prompt_growth_{policy}"}
         for n in (40, 80):
-            expected |= {f"decision_us_{policy}_{n}", f"end_prompt_us_{policy}_{n}"}
+            expected |= {f"decision_us_{policy}_{n}", f"end_prompt_us_{policy}_{n}", f"sweep_us_{policy}_{n}"}
     assert set(figures) == expected
     assert all(v > 0 for v in figures.values()), figures
     # N stays N through the decisions and the boundaries; trace keeps following its record.
@@ -182,7 +188,8 @@ def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
 def test_bench_balancer_policies_option_selects_them():
     _, figures = run_bench("balancer", "--pins", "20,30", "--policies", "lru", "--reps", "1", "--decisions", "1")
     assert set(figures) == {"decision_us_lru_20", "decision_us_lru_30", "end_prompt_us_lru_20",
-                            "end_prompt_us_lru_30", "decision_growth_lru", "end_prompt_growth_lru"}
+                            "end_prompt_us_lru_30", "sweep_us_lru_20", "sweep_us_lru_30", "decision_growth_lru",
+                            "end_prompt_growth_lru"}
 
 
 def test_bench_cast_ends_with_overheads_and_bandwidth_ratio():
@@ -227,3 +234,25 @@ def test_bench_torch_benchmarks_refuse_bad_options(args, message):
     assert out.returncode == 2
     assert out.stdout == ""
     assert out.stderr.startswith(message), out.stderr
+
+
+# ---------------------------------------------------------------- the cast from Python (issue 10, "one dispatch")
+
+def test_bench_cast_python_ends_with_per_call_costs():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_cast_python.py"), "--calls", "200",
+                          "--reps", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr
+    figures = result_of(out.stdout)
+    assert set(figures) == {"py_clone_us", "py_op_hit_us", "py_hit_us", "py_plain_us", "py_miss_us",
+                            "py_hit_overhead_us"}
+    assert all(figures[k] > 0 for k in ("py_clone_us", "py_op_hit_us", "py_hit_us", "py_plain_us", "py_miss_us")), \
+        figures
+    # Every op-hit and hit call (2 x 2 x 200, plus 2 x 100 of warm-up) was a hit.
+    assert "hits served: 1000 " in out.stdout, out.stdout
+    assert "the same bytes" in out.stdout
+
+
+def test_bench_cast_python_refuses_a_bad_option():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_cast_python.py"), "--calls", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "--calls and --reps must be positive" in out.stderr, out.stderr

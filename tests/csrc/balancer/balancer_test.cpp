@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -891,6 +893,427 @@ TEST(BalancerBypass, APoolRefusalIsItsOwnReason) {
   EXPECT_EQ(bal.stats().plain_copies, 2);
   EXPECT_STREQ(to_string(Bypass::Pool), "pool");
   EXPECT_STREQ(to_string(Bypass::Empty), "empty");
+}
+
+// ------------------------------------------------------------------ issue 12: reliability
+
+// A backend whose unlock() can wait at a gate: the extent stays "being
+// unlocked" (Note [Copies from a block]) as long as the test wants.
+class GatedBackend : public HostBackend {
+ public:
+  GatedBackend() : inner_(make_null_backend()) {}
+  const char* name() const override { return "gated"; }
+  size_t page_size() const override { return inner_->page_size(); }
+  bool can_lock() const override { return true; }
+  int reserve(size_t size, void** addr) override { return inner_->reserve(size, addr); }
+  int release(void* addr, size_t size) override { return inner_->release(addr, size); }
+  int commit(void* addr, size_t size) override { return inner_->commit(addr, size); }
+  int decommit(void* addr, size_t size) override { return inner_->decommit(addr, size); }
+  int lock(void* addr, size_t size) override { return inner_->lock(addr, size); }
+  int unlock(void* addr, size_t size) override {
+    if (gated) {
+      entered = true;
+      while (!open) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return inner_->unlock(addr, size);
+  }
+  std::atomic<bool> gated{false}, entered{false}, open{false};
+
+ private:
+  std::unique_ptr<HostBackend> inner_;
+};
+
+PoolOptions shared_extent_opts() {  // pins of 1 MiB share 8 MiB extents
+  PoolOptions o = pool_opts();
+  o.extent_min = 8 * MiB;
+  return o;
+}
+
+Request small_req(ModelId m, uint64_t id, uint64_t bytes = 1 * MiB) {
+  Request r;
+  r.model = m;
+  r.key = PinKey{id, 0, bytes};
+  r.bytes = bytes;
+  return r;
+}
+
+bool fill(Balancer& bal, const Request& r, std::function<std::unique_ptr<SourceGuard>()> guard = {}) {
+  Lease l = bal.acquire(r, guard);
+  if (!l) return false;
+  if (l.needs_fill()) l.filled();
+  return true;
+}
+
+int copies_on(const HostPool& pool, const void* block) {
+  for (const auto& b : pool.snapshot().blocks)
+    if (b.addr == reinterpret_cast<uintptr_t>(block)) return b.copies;
+  return -1;
+}
+
+bool pin_locked(const Balancer& bal, ModelId m, uint64_t id) {
+  for (const auto& p : bal.pins())
+    if (p.model == m && p.key.storage == id) return p.locked;
+  ADD_FAILURE() << "no pin " << id << " of model " << m;
+  return false;
+}
+
+// Note [Copies from a block]: every lease (a hit or a fill) is a copy begun on
+// its block, ended when the lease goes (after the op recorded its fence).
+TEST(BalancerCopies, ALeaseIsACopyBegunUntilItIsReleased) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  void* block = nullptr;
+  {
+    Lease l = f.bal.acquire(f.req(m, 1));
+    block = l.data();
+    EXPECT_EQ(copies_on(f.pool, block), 1) << "a fill lease announces its copy";
+    l.filled();
+  }
+  EXPECT_EQ(copies_on(f.pool, block), 0);
+  EXPECT_FALSE(f.pool.in_flight(block));
+  {
+    Lease hit = f.bal.acquire(f.req(m, 1));
+    ASSERT_TRUE(hit.hit());
+    Lease hit2 = f.bal.acquire(f.req(m, 1));
+    EXPECT_EQ(copies_on(f.pool, block), 2) << "each lease is one copy";
+    EXPECT_TRUE(f.pool.in_flight(block)) << "a copy issued and not fenced yet is in flight";
+  }
+  EXPECT_EQ(copies_on(f.pool, block), 0);
+  EXPECT_EQ(f.pool.stats().copies.current, 0);
+}
+
+// The window of issue 12: two pins in one extent, a lease out on one (its copy
+// issued, no fence recorded yet). Dropping page-locks over the ceiling picks the
+// other pin, and unlocking it would drop the whole extent's lock under the copy.
+TEST(BalancerCopies, LockDropsSpareAnExtentWithACopyBegunAndNoFence) {
+  Config c = base_config();
+  c.lock_hysteresis = 0;
+  HostPool pool(make_null_backend(), shared_extent_opts());
+  FakeProbe probe(pool, 64 * GiB, 64 * GiB);
+  Balancer bal(c, pool, probe);
+  const ModelId old_model = bal.register_model("old", "cuda:0");
+  const ModelId m = bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(fill(bal, small_req(old_model, 1)));
+  ASSERT_TRUE(fill(bal, small_req(old_model, 2)));
+  ASSERT_EQ(pool.stats().locked_bytes.current, static_cast<int64_t>(8 * MiB)) << "one shared extent";
+  Lease copying = bal.acquire(small_req(old_model, 1));  // pin 1: copy issued, no fence yet
+  ASSERT_TRUE(copying.hit());
+  c.ceiling_max = static_cast<double>(8 * MiB) / static_cast<double>(64 * GiB);  // ceiling: 8 MiB, locked now
+  bal.configure(c);
+  bal.mark_prompt({m});
+  ASSERT_TRUE(fill(bal, small_req(m, 3)));  // over the ceiling: pin 2's lock is the one to drop
+  EXPECT_TRUE(pin_locked(bal, old_model, 1)) << "the extent lost its page-lock under a copy in flight";
+  EXPECT_TRUE(pin_locked(bal, old_model, 2));
+  EXPECT_EQ(bal.subset_stats(old_model, Subset::Weights).lock_drops, 0);
+  EXPECT_GE(pool.stats().busy_unlocks, 1);
+  EXPECT_FALSE(pin_locked(bal, m, 3)) << "the new pin is made pageable instead";
+  copying = Lease();  // the copy ended (its fence, if any, recorded before)
+  ASSERT_TRUE(fill(bal, small_req(m, 4)));
+  EXPECT_FALSE(pin_locked(bal, old_model, 1)) << "with no copy left, the lock drops";
+  EXPECT_EQ(bal.subset_stats(old_model, Subset::Weights).lock_drops, 1);
+  pool.check_invariants();
+}
+
+// While an unlock is dropping an extent's lock, no copy begins on it: a hit on
+// a pin of that extent is served from the source, counted as `unlocking`.
+TEST(BalancerCopies, APinWhoseExtentIsBeingUnlockedIsServedFromTheSource) {
+  auto backend = std::make_unique<GatedBackend>();
+  GatedBackend* gate = backend.get();
+  HostPool pool(std::move(backend), shared_extent_opts());
+  FakeProbe probe(pool, 64 * GiB, 64 * GiB);
+  Balancer bal(base_config(), pool, probe);
+  const ModelId m = bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(fill(bal, small_req(m, 1)));
+  ASSERT_TRUE(fill(bal, small_req(m, 2)));
+  void* other = nullptr;
+  {
+    Lease l = bal.acquire(small_req(m, 2));
+    other = l.data();
+  }
+  gate->gated = true;
+  std::thread unlocker([&] { EXPECT_EQ(pool.unlock(other), 8 * MiB); });
+  while (!gate->entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  {
+    Lease l = bal.acquire(small_req(m, 1));
+    EXPECT_FALSE(l) << "a copy began on an extent whose page-lock is being dropped";
+  }
+  gate->open = true;
+  unlocker.join();
+  const BalancerStats st = bal.stats();
+  EXPECT_EQ(st.bypassed[static_cast<int>(Bypass::Unlocking)], 1);
+  EXPECT_EQ(st.models[0].bypassed[static_cast<int>(Bypass::Unlocking)], 1);
+  EXPECT_EQ(st.total.hits, 1) << "the refused hit is a miss";
+  EXPECT_STREQ(to_string(Bypass::Unlocking), "unlocking");
+  EXPECT_TRUE(bal.acquire(small_req(m, 1)).hit()) << "served again once the unlock is over";
+}
+
+// A leased block is never reused while its copy can be in flight: not while
+// the copy is begun (the lease), nor after, while its fence is pending, even
+// when its pin was dropped meanwhile.
+TEST(BalancerCopies, ALeasedBlockIsNeverReusedBeforeItsCopyIsDone) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(m, 1)));
+  std::atomic<bool> done{false};
+  void* block = nullptr;
+  {
+    Lease l = f.bal.acquire(f.req(m, 1));
+    block = l.data();
+    EXPECT_EQ(f.bal.invalidate(1, 0, U), U);  // detached: never served again
+    EXPECT_TRUE(f.pool.in_flight(block));
+    for (uint64_t k = 10; k < 13; ++k) {
+      Lease n = f.bal.acquire(f.req(m, k));
+      ASSERT_TRUE(n);
+      EXPECT_NE(n.data(), block) << "reused while a copy from it was begun";
+      n.filled();
+    }
+    f.pool.record_fence(block, std::make_shared<FakeFence>(&done));  // the op fences, then lets go
+  }
+  EXPECT_EQ(f.bal.free(3 * U), 3 * U);
+  for (uint64_t k = 20; k < 23; ++k) {
+    Lease n = f.bal.acquire(f.req(m, k));
+    ASSERT_TRUE(n);
+    EXPECT_NE(n.data(), block) << "reused while its fence was pending";
+    n.filled();
+  }
+  EXPECT_EQ(f.pool.stats().copies.current, 0);
+  done = true;
+  f.pool.check_invariants();
+}
+
+// Note [Dead source reclaim]: with no boundary, free or pressure, the pins of
+// dead sources go within a bounded number of later casts, each checking a
+// bounded number of guards.
+class CountingGuard : public SourceGuard {
+ public:
+  CountingGuard(std::shared_ptr<std::atomic<bool>> alive, std::atomic<int>* calls)
+      : alive_(std::move(alive)), calls_(calls) {}
+  bool alive() const override {
+    calls_->fetch_add(1);
+    return alive_->load();
+  }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> alive_;
+  std::atomic<int>* calls_;
+};
+
+TEST(BalancerReclaim, DeadSourcesGoWithinBoundedCallsWithoutABoundary) {
+  Fixture f(64);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  constexpr int kPins = 48;
+  std::atomic<int> calls{0};
+  std::vector<std::shared_ptr<std::atomic<bool>>> alive;
+  for (int i = 0; i < kPins; ++i) {
+    alive.push_back(std::make_shared<std::atomic<bool>>(true));
+    ASSERT_TRUE(fill(f.bal, small_req(m, 100 + i), [&, i] { return std::make_unique<CountingGuard>(alive[i], &calls); }));
+  }
+  ASSERT_TRUE(fill(f.bal, small_req(m, 1)));  // a live source without a guard, cast over and over
+  std::mt19937 rng(12);
+  for (int i = 0; i < kPins; ++i)
+    if (rng() % 3 != 0) *alive[i] = false;
+  const auto dead_left = [&] {
+    int n = 0;
+    for (const auto& p : f.bal.pins()) n += p.key.storage >= 100 && !*alive[p.key.storage - 100];
+    return n;
+  };
+  std::vector<bool> invalidated(kPins, false);
+  const int bound = (kPins + 1) / (Balancer::kReclaimPerCall - 1) + 1;
+  int n = 0;
+  for (; n < bound && dead_left() > 0; ++n) {
+    calls = 0;
+    const int64_t before = f.bal.subset_stats(m, Subset::Weights).dropped;
+    ASSERT_TRUE(f.bal.acquire(small_req(m, 1)).hit());
+    EXPECT_LE(calls.load(), Balancer::kReclaimPerCall) << "unbounded work in one cast";
+    EXPECT_LE(f.bal.subset_stats(m, Subset::Weights).dropped - before, Balancer::kReclaimPerCall);
+    if (n % 2 == 1) {  // removals mid-round must not hide a pin from the cursor
+      const int k = static_cast<int>(rng() % kPins);
+      f.bal.invalidate(100 + k, 0, 1 * MiB);
+      invalidated[k] = true;
+    }
+  }
+  EXPECT_EQ(dead_left(), 0) << "pins of dead sources left after " << n << " casts, with no boundary";
+  for (int i = 0; i < kPins; ++i)
+    if (*alive[i] && !invalidated[i]) EXPECT_TRUE(f.has(m, 100 + i, Subset::Weights)) << "a live pin was dropped: " << i;
+  EXPECT_FALSE(f.bal.prompt_running());
+}
+
+// The ring under random makes, deaths and drops anywhere relative to the cursor:
+// no pin of a dead source outlives the bound, counted in casts since it died.
+TEST(BalancerReclaim, NoDeadSourceOutlivesTheBoundUnderRandomDrops) {
+  Fixture f(1024);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  const unsigned seed = std::random_device{}();
+  std::printf("BalancerReclaim.NoDeadSourceOutlivesTheBoundUnderRandomDrops seed=%u\n", seed);
+  std::mt19937 rng(seed);
+  constexpr int kKeys = 64;
+  std::vector<std::shared_ptr<std::atomic<bool>>> alive(kKeys);
+  std::vector<int> dead_since(kKeys, -1);  // casts since its source died; -1: alive or not pinned
+  for (int step = 0; step < 3000; ++step) {
+    const int k = static_cast<int>(rng() % kKeys);
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 5) {  // a cast (makes a pin for a key without one)
+      if (!alive[k] || !*alive[k] || !f.has(m, 100 + k, Subset::Weights)) {  // a new source
+        alive[k] = std::make_shared<std::atomic<bool>>(true);
+        dead_since[k] = -1;
+      }
+      auto flag = alive[k];
+      ASSERT_TRUE(fill(f.bal, small_req(m, 100 + k), [flag] { return std::make_unique<FlagGuard>(flag); }));
+      for (int& d : dead_since)
+        if (d >= 0) ++d;
+    } else if (op < 8) {  // its source dies
+      if (alive[k] && *alive[k] && f.has(m, 100 + k, Subset::Weights)) {
+        *alive[k] = false;
+        dead_since[k] = 0;
+      }
+    } else {  // dropped another way, wherever its slot is
+      f.bal.invalidate(100 + k, 0, 1 * MiB);
+      dead_since[k] = -1;
+    }
+    const int bound = (kKeys + 1) / (Balancer::kReclaimPerCall - 1) + 2;
+    for (int i = 0; i < kKeys; ++i) {
+      if (dead_since[i] < 0) continue;
+      if (!f.has(m, 100 + i, Subset::Weights)) {
+        dead_since[i] = -1;  // reclaimed
+      } else {
+        ASSERT_LE(dead_since[i], bound) << "pin " << i << " of a dead source at step " << step;
+      }
+    }
+  }
+}
+
+// relieve() (the monitor's poll, and node and prompt boundaries) takes a step too.
+TEST(BalancerReclaim, RelieveReclaimsWithoutAnyCast) {
+  Fixture f(64);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  auto alive = std::make_shared<std::atomic<bool>>(true);
+  for (uint64_t i = 0; i < 20; ++i)
+    ASSERT_TRUE(fill(f.bal, small_req(m, i), [&] { return std::make_unique<FlagGuard>(alive); }));
+  *alive = false;
+  for (int i = 0; i < 20 / Balancer::kReclaimPerCall + 1; ++i) f.bal.relieve();
+  EXPECT_EQ(f.count(m, Subset::Weights), 0);
+  EXPECT_EQ(f.pool.stats().blocks.current, 0);
+}
+
+// COUNT and SUM totals never decrease: forgetting a model keeps its hits,
+// misses, evictions... in BalancerStats::total and the subsets; levels drop.
+TEST(BalancerStats, LifetimeTotalsNeverDecrease) {
+  Fixture f(3);
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  f.bal.mark_prompt({b});
+  ASSERT_TRUE(f.cast(f.req(a, 1)));
+  ASSERT_TRUE(f.cast(f.req(a, 1)));                      // a hit
+  ASSERT_TRUE(f.cast(f.req(a, 2, Kind::Weights, true)));  // weights-loaded
+  ASSERT_TRUE(f.cast(f.req(b, 3)));
+  ASSERT_TRUE(f.cast(f.req(b, 4)));  // evicts a's weights pin
+  f.bal.invalidate(2, 0, U);
+  const BalancerStats before = f.bal.stats();
+  f.bal.forget_model(a);
+  f.bal.forget_model(b);
+  const BalancerStats after = f.bal.stats();
+  const auto check = [&](const SubsetStats& s0, const SubsetStats& s1, const std::string& what) {
+    EXPECT_EQ(s1.hits, s0.hits) << what;
+    EXPECT_EQ(s1.misses, s0.misses) << what;
+    EXPECT_EQ(s1.hit_bytes, s0.hit_bytes) << what;
+    EXPECT_EQ(s1.miss_bytes, s0.miss_bytes) << what;
+    EXPECT_EQ(s1.created, s0.created) << what;
+    for (int t = 0; t < kTiers; ++t) EXPECT_EQ(s1.evictions[t], s0.evictions[t]) << what << " tier " << t + 1;
+    EXPECT_EQ(s1.evicted_bytes, s0.evicted_bytes) << what;
+    EXPECT_EQ(s1.dropped, s0.dropped + s0.pins) << what << ": forgetting drops its pins";
+    EXPECT_EQ(s1.invalidated, s0.invalidated) << what;
+    EXPECT_EQ(s1.lock_drops, s0.lock_drops) << what;
+    EXPECT_EQ(s1.inflight_skips, s0.inflight_skips) << what;
+    EXPECT_EQ(s1.pins, 0) << what;
+    EXPECT_EQ(s1.bytes, 0) << what;
+  };
+  check(before.total, after.total, "total");
+  for (int s = 0; s < kSubsets; ++s) check(before.subsets[s], after.subsets[s], to_string(static_cast<Subset>(s)));
+  EXPECT_GT(before.total.hits, 0);
+  EXPECT_GT(before.total.evictions_all(), 0);
+  EXPECT_GT(before.total.invalidated, 0);
+  EXPECT_TRUE(after.models.empty());
+}
+
+// A reading of memory that does not show what other casts reserve meanwhile.
+class StaleProbe : public MemoryProbe {
+ public:
+  explicit StaleProbe(uint64_t available) : available_(available) {}
+  MemoryInfo read() override {
+    if (on_read) {
+      auto hook = std::move(on_read);
+      on_read = nullptr;
+      hook();
+    }
+    if (arrive > 0) {  // the first `arrive` reads wait for each other: one reading for all
+      const int n = ++arrived_;
+      while (arrived_ < arrive && n <= arrive) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    MemoryInfo m;
+    m.total = 64 * GiB;
+    m.available = available_;
+    return m;
+  }
+  std::function<void()> on_read;
+  int arrive = 0;
+
+ private:
+  const uint64_t available_;
+  std::atomic<int> arrived_{0};
+};
+
+// Note [Budget reservation]: room for one pin; two casts take the same reading.
+TEST(BalancerBudget, TwoCastsOnOneReadingCannotBothSpendIt) {
+  HostPool pool(make_null_backend(), pool_opts());
+  StaleProbe probe(2 * GiB + U + U / 2);  // headroom/2 + one pin and a half
+  probe.arrive = 2;
+  Balancer bal(base_config(), pool, probe);
+  const ModelId m = bal.register_model("m", "cuda:0");
+  bal.mark_prompt({m});
+  bal.set_active(m, true);  // nothing to evict: the second pin can only be refused
+  Lease leases[2];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) threads.emplace_back([&, t] { leases[t] = bal.acquire(small_req(m, 1 + t, U)); });
+  for (auto& th : threads) th.join();
+  EXPECT_NE(static_cast<bool>(leases[0]), static_cast<bool>(leases[1])) << "exactly one pin fits";
+  EXPECT_EQ(bal.stats().bypassed[static_cast<int>(Bypass::Refused)], 1);
+  EXPECT_EQ(bal.reserved_bytes(), 0u) << "a reservation ends once the block is allocated";
+  for (Lease& l : leases)
+    if (l) l.filled();
+}
+
+// The same on one thread, deterministically: another cast makes its pin after
+// this one's reading was taken; the reading does not show it.
+TEST(BalancerBudget, APinMadeAfterTheReadingStillCounts) {
+  HostPool pool(make_null_backend(), pool_opts());
+  StaleProbe probe(2 * GiB + U + U / 2);
+  Balancer bal(base_config(), pool, probe);
+  const ModelId m = bal.register_model("m", "cuda:0");
+  bal.mark_prompt({m});
+  bal.set_active(m, true);  // the other pin may not be evicted to make room
+  bool other = false;
+  probe.on_read = [&] { other = fill(bal, small_req(m, 2, U)); };  // inside this cast's reading
+  EXPECT_FALSE(bal.acquire(small_req(m, 1, U))) << "both pins were admitted on one reading";
+  EXPECT_TRUE(other);
+  EXPECT_EQ(bal.reserved_bytes(), 0u);
+  EXPECT_EQ(bal.stats().total.pins, 1);
+  EXPECT_EQ(pool.stats().blocks.current, 1);
+}
+
+// An explicit free with nothing to evict gives idle committed memory back.
+TEST(BalancerBudget, FreeWithNothingToEvictTrimsIdleMemory) {
+  PoolOptions o = pool_opts();
+  o.retain_free = 1 * GiB;  // idle extents stay committed for reuse
+  HostPool pool(make_null_backend(), o);
+  FakeProbe probe(pool, 64 * GiB, 32 * GiB);
+  Balancer bal(base_config(), pool, probe);
+  const ModelId m = bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(fill(bal, small_req(m, 1, U)));
+  ASSERT_EQ(bal.invalidate(1, 0, U), U);
+  ASSERT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(U)) << "idle, kept for reuse";
+  EXPECT_EQ(bal.free(U), 0u) << "no pin to evict";
+  EXPECT_EQ(pool.stats().committed_bytes.current, 0) << "idle committed memory kept after free_pins";
+  pool.check_invariants();
 }
 
 // Eight threads cast, evict, invalidate and cross node and prompt boundaries over three models with

@@ -1083,5 +1083,32 @@ TEST(HostPool, ExtentMinNeverCommitsPastTheCap) {
   pool.free(q);
 }
 
+// Note [Warm idle memory] (csrc/balancer/balancer.cpp): the balancer moves the
+// retain limit; a free keeps idle bytes up to it, and a lower limit trims at the
+// next free.
+TEST(HostPool, TheRetainLimitMovesAndIdleBytesAreCounted) {
+  HostPool pool(make_null_backend(), opts(1 * MiB, 0, 0));
+  EXPECT_EQ(pool.retain_free(), 0u);
+  void* a = pool.allocate(6 * MiB);
+  void* b = pool.allocate(6 * MiB);
+  EXPECT_EQ(pool.idle_bytes(), 0u);
+  EXPECT_EQ(pool.committed_bytes(), 12 * MiB);
+  pool.free(a);  // retain_free 0: decommitted at once
+  EXPECT_EQ(pool.committed_bytes(), 6 * MiB);
+  pool.set_retain_free(16 * MiB);
+  EXPECT_EQ(pool.retain_free(), 16 * MiB);
+  pool.free(b);  // kept warm
+  EXPECT_EQ(pool.idle_bytes(), 6 * MiB);
+  EXPECT_EQ(pool.committed_bytes(), 6 * MiB);
+  void* c = pool.allocate(6 * MiB);  // reuses it: no commit
+  EXPECT_EQ(pool.stats().commits, 2);
+  EXPECT_EQ(pool.idle_bytes(), 0u);
+  pool.set_retain_free(0);
+  pool.free(c);
+  EXPECT_EQ(pool.idle_bytes(), 0u);
+  EXPECT_EQ(pool.committed_bytes(), 0u);
+  pool.check_invariants();
+}
+
 }  // namespace
 }  // namespace pins

@@ -225,6 +225,67 @@ TEST_F(RuntimeTest, ForkChildThatDestroysTheRuntime) {
   rt.reset();  // the parent's stop and join
 }
 
+Request pin_request(ModelId model, uint64_t id, uint64_t bytes) {
+  Request r;
+  r.model = model;
+  r.key = PinKey{id, 0, bytes};
+  r.bytes = bytes;
+  return r;
+}
+
+// What a fork child does with the balancer: every call takes its lock.
+void use_balancer(Runtime& rt) {
+  Balancer& bal = rt.balancer();
+  const ModelId m = bal.register_model("child", "cpu");
+  Lease l = bal.acquire(pin_request(m, 1, 4096));
+  if (l.needs_fill()) l.filled();
+  l = Lease();
+  if (!bal.acquire(pin_request(m, 1, 4096)).hit()) fail(20, "the child's balancer does not serve its pin");
+  (void)bal.stats();
+  bal.forget_model(m);
+}
+
+// A source guard that holds up the first alive() call once armed: alive() runs
+// under the balancer's lock, so the caller holds that lock meanwhile.
+class SlowGuard : public SourceGuard {
+ public:
+  SlowGuard(std::atomic<bool>* armed, std::atomic<bool>* entered) : armed_(armed), entered_(entered) {}
+  bool alive() const override {
+    if (armed_->exchange(false)) {
+      *entered_ = true;
+      std::this_thread::sleep_for(300ms);
+    }
+    return true;
+  }
+
+ private:
+  std::atomic<bool>* armed_;
+  std::atomic<bool>* entered_;
+};
+
+// Note [Fork safety]: a fork while another thread holds the balancer's lock.
+// The fork waits for it (the runtime's handlers take it), so the child gets it
+// free and its balancer works; before, the child inherited it held and hung.
+TEST_F(RuntimeTest, ForkWhileAThreadHoldsTheBalancerLock) {
+  Runtime rt(config("cap:0"));
+  Balancer& bal = rt.balancer();
+  const ModelId m = bal.register_model("m", "cpu");
+  std::atomic<bool> armed{false}, entered{false};
+  {
+    Lease l = bal.acquire(pin_request(m, 7, 4096), [&] { return std::make_unique<SlowGuard>(&armed, &entered); });
+    ASSERT_TRUE(l);
+    l.filled();
+  }
+  armed = true;
+  std::thread holder([&] { bal.sweep(); });  // asks the guard, under the balancer's lock
+  ASSERT_TRUE(eventually([&] { return entered.load(); }));
+  const int status = in_fork_child([&] { use_balancer(rt); }, /*alarm_s=*/5);
+  holder.join();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child " << describe(status) << " (SIGALRM is 14: the balancer's lock copied held)";
+  EXPECT_TRUE(bal.acquire(pin_request(m, 7, 4096)).hit()) << "the parent's balancer after the fork";
+}
+
 // Note [Fork safety]: forks while other threads allocate, free and configure.
 // Each child uses the pool and configure() at once; a lock copied held by a
 // thread that does not exist in the child would hang it (the alarm fails it).
@@ -244,6 +305,14 @@ TEST_F(RuntimeTest, ForkWhileOtherThreadsHoldTheLocks) {
   threads.emplace_back([&] {
     for (uint64_t i = 0; !stop; ++i) rt.configure(i % 2 ? "headroom:1G" : "headroom:2G");
   });
+  const ModelId model = rt.balancer().register_model("m", "cpu");
+  threads.emplace_back([&] {  // the balancer's lock, and the pool's under it
+    for (uint64_t i = 0; !stop; ++i) {
+      Lease l = rt.balancer().acquire(pin_request(model, i % 16, 4096));
+      if (l.needs_fill()) l.filled();  // the null backend's memory is never touched
+      if (i % 8 == 0) rt.balancer().free(8192);
+    }
+  });
   int children = 0;
   std::string failed;
   for (; children < 40 && failed.empty(); ++children) {
@@ -252,6 +321,7 @@ TEST_F(RuntimeTest, ForkWhileOtherThreadsHoldTheLocks) {
           void* p = rt.pool().try_allocate(4096);
           if (p != nullptr) rt.pool().free(p);
           rt.configure("headroom:3G");
+          use_balancer(rt);
           rt.pool().check_invariants();
         },
         /*alarm_s=*/3);

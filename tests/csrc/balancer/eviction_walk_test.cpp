@@ -1,0 +1,107 @@
+// Note [Eviction walk]: the lazy walk over the per-model indexes yields exactly
+// eviction_order(), the reference, on random registries, and stops when asked.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <utility>
+
+#include "csrc/balancer/eviction.h"
+
+namespace pins {
+namespace {
+
+struct Registry {
+  Models models;
+  uint64_t seq = 0;
+
+  Model& add(ModelId id, bool in_prompt, bool active) {
+    auto m = std::make_unique<Model>();
+    m->id = id;
+    m->load_seq = ++seq;
+    m->in_prompt = in_prompt;
+    m->active = active;
+    Model& ref = *m;
+    models.emplace(id, std::move(m));
+    return ref;
+  }
+  // Indexed as the balancer's link_locked() does.
+  void pin(Model& m, uint64_t storage, Subset s, size_t bytes, uint64_t last_use) {
+    auto p = std::make_unique<Pin>();
+    p->key = PinKey{storage, 0, bytes};
+    p->subset = s;
+    p->model = m.id;
+    p->bytes = bytes;
+    p->created = ++seq;
+    p->last_use = last_use;
+    p->state = PinState::Live;
+    Pin* raw = p.get();
+    const int i = static_cast<int>(s);
+    m.by_created[i].emplace(raw->created, raw);
+    m.by_use[i].emplace(std::make_pair(raw->last_use, raw->created), raw);
+    m.pins[i].emplace(raw->key, std::move(p));
+  }
+};
+
+std::vector<std::pair<Pin*, int>> walked(const Registry& r, Reach reach, PolicyKind policy,
+                                         const TraceRecorder& trace) {
+  std::vector<std::pair<Pin*, int>> out;
+  walk_eviction_order(r.models, reach, policy, trace, [&](const Candidate& c) {
+    out.emplace_back(c.pin, c.tier);
+    return true;
+  });
+  return out;
+}
+
+std::vector<std::pair<Pin*, int>> reference(const Registry& r, Reach reach, PolicyKind policy,
+                                            const TraceRecorder& trace) {
+  std::vector<std::pair<Pin*, int>> out;
+  for (const Candidate& c : eviction_order(r.models, reach, policy, trace)) out.emplace_back(c.pin, c.tier);
+  return out;
+}
+
+TEST(EvictionWalk, SameOrderAsTheReferenceOnRandomRegistries) {
+  std::mt19937_64 rng(12345);
+  const TraceRecorder none;  // not following: trace orders as mru
+  for (int round = 0; round < 200; ++round) {
+    Registry r;
+    const int models = 1 + static_cast<int>(rng() % 5);
+    for (int id = 0; id < models; ++id) {
+      Model& m = r.add(id, rng() % 2 == 0, rng() % 4 == 0);
+      const int pins = static_cast<int>(rng() % 12);
+      for (int k = 0; k < pins; ++k)
+        r.pin(m, 1000 * id + k, static_cast<Subset>(rng() % kSubsets), 1 + rng() % 3, rng() % 6);  // ties in last_use
+    }
+    for (Reach reach : {Reach::SparePromptStreaming, Reach::SpareActive, Reach::All})
+      for (PolicyKind policy : {PolicyKind::Mru, PolicyKind::Lru, PolicyKind::Trace})
+        ASSERT_EQ(walked(r, reach, policy, none), reference(r, reach, policy, none))
+            << "round " << round << " policy " << static_cast<int>(policy) << " reach " << last_tier(reach);
+  }
+}
+
+TEST(EvictionWalk, TraceWhileFollowingWalksThePredictedOrder) {
+  Registry r;
+  Model& m = r.add(0, true, false);
+  for (uint64_t k = 1; k <= 4; ++k) r.pin(m, k, Subset::Weights, 1, 0);
+  TraceRecorder trace;
+  for (uint64_t k : {1, 2, 3, 4}) trace.record({0, Kind::Weights, PinKey{k, 0, 1}});
+  trace.end_prompt();
+  trace.record({0, Kind::Weights, PinKey{1, 0, 1}});
+  ASSERT_TRUE(trace.following());
+  EXPECT_EQ(walked(r, Reach::All, PolicyKind::Trace, trace), reference(r, Reach::All, PolicyKind::Trace, trace));
+}
+
+TEST(EvictionWalk, StopsWhenTheVisitorSaysSo) {
+  Registry r;
+  Model& m = r.add(0, false, false);
+  for (uint64_t k = 1; k <= 10; ++k) r.pin(m, k, Subset::Weights, 1, k);
+  int visited = 0;
+  walk_eviction_order(r.models, Reach::All, PolicyKind::Mru, TraceRecorder{}, [&](const Candidate& c) {
+    ++visited;
+    EXPECT_EQ(c.pin->key.storage, 11u - visited);  // newest first
+    return visited < 3;
+  });
+  EXPECT_EQ(visited, 3);
+}
+
+}  // namespace
+}  // namespace pins

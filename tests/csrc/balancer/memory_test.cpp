@@ -1,0 +1,140 @@
+// Note [Memory readings] and Note [Warm idle memory] (csrc/balancer/balancer.cpp):
+// how often the balancer reads system memory, and what it keeps committed after
+// an eviction.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "csrc/balancer/balancer.h"
+#include "csrc/base/size.h"
+#include "csrc/pool/backend.h"
+
+namespace pins {
+namespace {
+
+constexpr uint64_t U = 64 * MiB;  // one pin
+
+// RAM as the balancer sees it: a fixed amount free before pins, minus what the
+// pool has committed; counts its reads, and may be reused for `max_age_ns`.
+class CountingProbe : public MemoryProbe {
+ public:
+  CountingProbe(HostPool& pool, uint64_t free_before_pins, int64_t max_age_ns)
+      : free_(free_before_pins), pool_(pool), max_age_ns_(max_age_ns) {}
+  MemoryInfo read() override {
+    reads++;
+    MemoryInfo m;
+    m.total = 64 * GiB;
+    const uint64_t used = pool_.committed_bytes();
+    m.available = free_.load() > used ? free_.load() - used : 0;
+    return m;
+  }
+  int64_t max_age_ns() const override { return max_age_ns_; }
+  std::atomic<uint64_t> free_;
+  int reads = 0;
+
+ private:
+  HostPool& pool_;
+  int64_t max_age_ns_;
+};
+
+PoolOptions pool_opts() {
+  PoolOptions o;
+  o.segment_size = 1 * GiB;
+  o.extent_min = 1 * MiB;
+  o.retain_free = 0;  // whatever stays committed, the balancer's budget kept
+  return o;
+}
+
+Config config() {
+  Config c;
+  c.headroom = 4 * GiB;  // a new pin needs 2 GiB + its size available
+  c.pin_reserve = 2 * GiB;
+  c.pin_slack = 0;
+  c.relieve_slack = 0;
+  c.ceiling_min = 0;
+  c.ceiling_max = 1;
+  c.ceiling_reserve = 0;
+  c.ceiling_swap_reserve = 0;
+  return c;
+}
+
+struct Fixture {
+  Fixture(uint64_t room_pins, int64_t max_age_ns)
+      : pool(make_null_backend(), pool_opts()), probe(pool, 2 * GiB + room_pins * U, max_age_ns), bal(config(), pool, probe) {
+    model = bal.register_model("m", "cuda:0");
+  }
+  bool cast(uint64_t key) {
+    Request r;
+    r.model = model;
+    r.key = PinKey{key, 0, U};
+    r.bytes = U;
+    Lease l = bal.acquire(r);
+    if (!l) return false;
+    if (l.needs_fill()) l.filled();
+    return true;
+  }
+  HostPool pool;
+  CountingProbe probe;
+  Balancer bal;
+  ModelId model = -1;
+};
+
+TEST(BalancerMemoryReadings, AModelOfMemoryIsReadOnEveryMiss) {
+  Fixture f(/*room_pins=*/100, /*max_age_ns=*/0);
+  for (uint64_t k = 0; k < 10; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_GE(f.probe.reads, 10);
+}
+
+TEST(BalancerMemoryReadings, TheSystemIsReadOnceAndTheReadingMovesWithThePoolsCommits) {
+  Fixture f(/*room_pins=*/4, /*max_age_ns=*/int64_t{3600} * 1000000000);
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_EQ(f.probe.reads, 1) << "misses in budget reuse the reading";
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(f.cast(k));  // hits read nothing
+  EXPECT_EQ(f.probe.reads, 1);
+  // The fifth pin does not fit by the reading less the 4 pins committed since:
+  // read afresh before anything is evicted, then one pin makes room.
+  ASSERT_TRUE(f.cast(4));
+  EXPECT_EQ(f.probe.reads, 2);
+  EXPECT_EQ(f.bal.pins().size(), 4u);
+  EXPECT_EQ(f.bal.stats().total.evictions_all(), 1);
+}
+
+TEST(BalancerWarmMemory, AnEvictedPinsMemoryStaysCommittedForTheNextPin) {
+  Fixture f(/*room_pins=*/2, /*max_age_ns=*/0);
+  ASSERT_TRUE(f.cast(0));
+  ASSERT_TRUE(f.cast(1));
+  const PoolStats before = f.pool.stats();
+  for (uint64_t k = 2; k < 6; ++k) ASSERT_TRUE(f.cast(k));  // each evicts one and reuses its memory
+  const PoolStats after = f.pool.stats();
+  EXPECT_EQ(f.bal.stats().total.evictions_all(), 4);
+  EXPECT_EQ(after.commits, before.commits) << "no fresh pages for the new pins";
+  EXPECT_EQ(after.decommits, before.decommits);
+  EXPECT_EQ(f.pool.committed_bytes(), 2 * U);
+}
+
+TEST(BalancerWarmMemory, FreeKeepsAboveTheHeadroomAndRelieveGivesIdleMemoryBackFirst) {
+  Fixture f(/*room_pins=*/38, /*max_age_ns=*/0);  // 2 GiB + 38U = 4 GiB + 6U free before pins
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(f.cast(k));
+  // Evicting two pins keeps their memory: available (4 GiB + 2U) stays above the headroom (4 GiB).
+  EXPECT_EQ(f.bal.free(2 * U), 2 * U);
+  EXPECT_EQ(f.pool.idle_bytes(), 2 * U);
+  EXPECT_EQ(f.pool.committed_bytes(), 4 * U);
+  // RAM pressure: idle memory goes back first, then pins, until available is the headroom.
+  f.probe.free_ = 4 * GiB + U;  // available = 4 GiB + U - 4U: short of the headroom by 3U
+  const size_t freed = f.bal.relieve();
+  EXPECT_EQ(f.pool.idle_bytes(), 0u) << "idle memory went back first";
+  EXPECT_EQ(freed, U) << "then one pin";
+  EXPECT_EQ(f.bal.pins().size(), 1u);
+  EXPECT_EQ(f.pool.committed_bytes(), U);
+}
+
+TEST(BalancerWarmMemory, BelowTheHeadroomFreeGivesTheMemoryBack) {
+  Fixture f(/*room_pins=*/4, /*max_age_ns=*/0);  // available 2 GiB once the 4 pins exist
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_EQ(f.bal.free(2 * U), 2 * U);
+  EXPECT_EQ(f.pool.idle_bytes(), 0u) << "idle memory never holds available RAM below the headroom";
+  EXPECT_EQ(f.pool.committed_bytes(), 2 * U);
+}
+
+}  // namespace
+}  // namespace pins
