@@ -17,9 +17,10 @@ demo: build
 test: build
 	@bash scripts/test.sh
 
-# The torch-free core's tests under ASan+UBSan and TSan, and Clang's thread-safety analysis.
+# The core's tests under ASan+UBSan and TSan, the torch ops' C++ tests under ASan+UBSan,
+# and Clang's thread-safety analysis.
 sanitize: setup
 	@bash scripts/sanitize.sh
 
 clean:
-	rm -rf build build-asan build-tsan build-tsa
+	rm -rf build build-asan build-tsan build-tsa build-asan-ops build-fuzz

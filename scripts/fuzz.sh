@@ -4,6 +4,8 @@
 # SECONDS (default 20), printing its exec count. New inputs go to
 # build-fuzz/corpus/<target>/; the seeds in fuzz/corpus/<target>/ are only read.
 # A crash leaves its input in build-fuzz/ (crash-*) and fails the script.
+# With PINS_FUZZ_JUNIT=FILE it also writes a JUnit report, one test case per
+# target (scripts/test.sh counts it in its summary line).
 #   scripts/fuzz.sh [SECONDS] [TARGET...]   targets: config size trace (default: all)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,9 +14,10 @@ secs=${1:-20}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(config size trace)
-dir=build-fuzz
+dir=${PINS_FUZZ_DIR:-build-fuzz}
+junit=${PINS_FUZZ_JUNIT:-}
 if ! command -v clang++ >/dev/null 2>&1; then
-  echo "fuzz: clang++ is needed (libFuzzer); Debian: apt-get install clang" >&2
+  echo "fuzz: clang++ is needed (libFuzzer); Debian: apt-get install clang libclang-rt-dev" >&2
   exit 1
 fi
 [ -f "$dir/build.ninja" ] || CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -22,7 +25,9 @@ fi
   -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF >/dev/null
 cmake --build "$dir" --target "${targets[@]/#/pins_fuzz_}"
 status=0
+cases=()
 for t in "${targets[@]}"; do
+  start=$(date +%s.%N)
   mkdir -p "$dir/corpus/$t"
   log="$dir/fuzz_$t.log"
   max_len=4096
@@ -33,10 +38,18 @@ for t in "${targets[@]}"; do
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
     units=$(ls "$dir/corpus/$t" | wc -l)
     echo "fuzz $t: ok, $execs inputs in ${secs} s ($rate/s), $units new corpus entries (log: $log)"
+    cases+=("<testcase classname=\"fuzz\" name=\"$t\" time=\"$(awk "BEGIN { print $(date +%s.%N) - $start }")\"/>")
   else
     echo "fuzz $t: FAILED (log: $log)"
     grep -E "ERROR|fuzz property|Test unit written|SUMMARY|==[0-9]+==" "$log" | head -20
+    cases+=("<testcase classname=\"fuzz\" name=\"$t\"><failure message=\"crash or sanitizer report: $log\"/></testcase>")
     status=1
   fi
 done
+if [ -n "$junit" ]; then
+  { echo '<?xml version="1.0" encoding="UTF-8"?>'
+    echo "<testsuite name=\"fuzz\" tests=\"${#cases[@]}\">"
+    printf '%s\n' "${cases[@]}"
+    echo '</testsuite>'; } > "$junit"
+fi
 exit $status

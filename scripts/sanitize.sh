@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The torch-free core's tests under AddressSanitizer+UBSan and ThreadSanitizer,
-# in build-asan/ and build-tsan/, then Clang's thread-safety analysis of the
+# in build-asan/ and build-tsan/, the torch ops' C++ tests under ASan+UBSan in
+# build-asan-ops/, then Clang's thread-safety analysis of the
 # core's lock annotations (csrc/base/thread_safety.h, Note [Lock order]) in
 # build-tsa/ (no torch needed).
 set -euo pipefail
@@ -24,6 +25,34 @@ for kind in asan tsan; do
     fi
   done
 done
+
+# The torch ops (libpins.so) and their C++ tests (tests/ops/: pins_torch_tests,
+# pins_model_tests) under ASan+UBSan, in build-asan-ops/ against the venv's
+# torch (scripts/torch_cmake_args.sh, as scripts/build.sh). libtorch itself is
+# not instrumented; leak checking stays on, and torch 2.13 (CPU) needs no
+# suppression. The model-based test runs a tenth of its sequence here
+# (PINS_MODEL_OPS=10000, about 50 s): ASan and -O1 slow it about tenfold.
+if [ -x .venv/bin/python ]; then
+  dir=build-asan-ops
+  flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+  if [ ! -f "$dir/build.ninja" ]; then
+    mapfile -t torch_args < <(bash scripts/torch_cmake_args.sh .venv/bin/python)
+    cmake -S . -B "$dir" -G Ninja "${torch_args[@]}" -DCMAKE_BUILD_TYPE=Debug -DPINS_BUILD_PROFILING=OFF \
+      -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF -DPINS_COPY_TO_PACKAGE=OFF \
+      -DCMAKE_CXX_FLAGS="$flags -O1" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+  fi
+  cmake --build "$dir" --target pins_torch_tests pins_model_tests
+  for t in pins_torch_tests pins_model_tests; do
+    if ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" PINS_MODEL_OPS=${PINS_MODEL_OPS:-10000} \
+       "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
+      echo "sanitize asan $t: ok"
+    else
+      echo "sanitize asan $t: FAILED (log: $dir/$t.log)"; tail -40 "$dir/$t.log"; status=1
+    fi
+  done
+else
+  echo "sanitize asan torch ops: FAILED (no .venv with torch: run scripts/setup.sh)"; status=1
+fi
 
 # Thread-safety analysis: the core compiled by clang++ with -Wthread-safety as
 # an error. Only Clang has the analysis (GCC sees no annotations), so clang is

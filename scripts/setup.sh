@@ -6,7 +6,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-apt_pkgs=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev)
+# clang and its runtimes (libFuzzer, sanitizers): the short fuzz run of
+# scripts/test.sh (scripts/fuzz.sh) and the thread-safety analysis.
+apt_pkgs=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev clang libclang-rt-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

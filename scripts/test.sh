@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: GoogleTest through ctest, then pytest; ends with one summary line.
+# Runs every test: GoogleTest through ctest, then pytest, then a short fuzz run;
+# ends with one summary line.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -9,6 +10,11 @@ rm -f build/test-results/*.xml
 ctest_rc=$?
 .venv/bin/python -m pytest -q tests/python --junitxml=build/test-results/pytest.xml
 pytest_rc=$?
-.venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml
+# A short fuzz run (fuzz/README.md): 5 s per libFuzzer target, built with clang
+# into build-fuzz/; a crash fails the run and is counted in the summary.
+PINS_FUZZ_JUNIT=build/test-results/fuzz.xml bash scripts/fuzz.sh "${PINS_FUZZ_SECONDS:-5}"
+fuzz_rc=$?
+.venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
+  build/test-results/fuzz.xml
 sum_rc=$?
-[ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $sum_rc -eq 0 ]
+[ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] && [ $sum_rc -eq 0 ]
