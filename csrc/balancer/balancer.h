@@ -37,7 +37,9 @@
 // not yet checked this round stay contiguous after the cursor (a removal keeps
 // them so, new pins join at the end), so no pin is passed over: one whose
 // source died is dropped within about pins / (kReclaimPerCall - 1) later
-// calls. sweep() (node and prompt boundaries, frees) still checks every pin.
+// calls. Each eviction decision checks kReclaimPerDecision slots, each prompt or
+// node boundary kReclaimPerBoundary; sweep() checks every pin (the free_pins
+// op: an explicit request for RAM).
 #pragma once
 
 #include <atomic>
@@ -155,17 +157,25 @@ class Balancer {
   size_t invalidate_model(ModelId model) PINS_EXCLUDES(mu_);
 
   // ---- budget (DESIGN.md "Budget", budget.h)
-  // Frees at least `bytes`: pins of dead sources first, then along tiers 1-4
-  // (and 5 when evict_active); returns the bytes of pins freed. Short of pins,
-  // it decommits the pool's idle extents too, up to the rest of `bytes`.
+  // Frees at least `bytes`: pins of dead sources the next kReclaimPerDecision
+  // slots of the ring hold first, then along tiers 1-4 (and 5 when
+  // evict_active); returns the bytes of pins freed. Short of pins, it
+  // decommits the pool's idle extents too, up to the rest of `bytes`.
   size_t free(size_t bytes, bool evict_active = false) PINS_EXCLUDES(mu_);
   // The RAM-pressure check: frees (headroom - available) + relieve_slack when positive.
   size_t relieve() PINS_EXCLUDES(mu_);
-  // Drops pins whose source died; returns their bytes.
+  // Drops pins whose source died, checking every pin (O(pins)); returns their bytes.
   size_t sweep() PINS_EXCLUDES(mu_);
+  // Note [Dead source reclaim]: checks the next `checks` slots of the ring (each
+  // pin at most once) and drops the pins whose source died; returns their bytes.
+  size_t reclaim(size_t checks) PINS_EXCLUDES(mu_);
 
-  // Note [Dead source reclaim]: pins of the ring checked per acquire() and relieve().
-  static constexpr int kReclaimPerCall = 8;
+  // Note [Dead source reclaim]: ring slots checked per acquire() and relieve(),
+  // per eviction decision, and per prompt or node boundary (the pins::end_prompt
+  // and pins::end_node ops). Constants: no call's work grows with the pins.
+  static constexpr size_t kReclaimPerCall = 8;
+  static constexpr size_t kReclaimPerDecision = 8;
+  static constexpr size_t kReclaimPerBoundary = 256;
 
   // ---- stats
   // COUNT and SUM totals never decrease: a forgotten model's counters stay in
@@ -232,7 +242,7 @@ class Balancer {
   // Note [Dead source reclaim]: the ring, and one bounded step over it.
   void ring_add_locked(Pin* p) PINS_REQUIRES(mu_);
   void ring_remove_locked(Pin* p) PINS_REQUIRES(mu_);
-  void reclaim_step_locked(std::vector<void*>& to_free) PINS_REQUIRES(mu_);
+  size_t reclaim_step_locked(std::vector<void*>& to_free, size_t checks) PINS_REQUIRES(mu_);  // bytes dropped
   SubsetStats& stats_locked(const Pin& p) PINS_REQUIRES(mu_);  // its model's counters for its subset
   void reap_orphan_locked(Pin* p, std::vector<void*>& to_free) PINS_REQUIRES(mu_);  // frees a detached pin
   // Counts a cast served from the source (the model may be gone).

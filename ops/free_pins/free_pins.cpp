@@ -14,7 +14,13 @@ namespace {
 
 int64_t free_pins_kernel(int64_t bytes, bool evict_active) {
   TORCH_CHECK_VALUE(bytes >= 0, "free_pins: bytes must be non-negative, got ", bytes);
-  return translate([&] { return static_cast<int64_t>(balancer().free(static_cast<size_t>(bytes), evict_active)); });
+  return translate([&] {
+    Balancer& b = balancer();
+    // An explicit request for RAM: every pin's source is checked first (O(pins),
+    // unlike an eviction decision's bounded step, Note [Dead source reclaim]).
+    const size_t want = static_cast<size_t>(bytes), dead = b.sweep();
+    return static_cast<int64_t>(dead + b.free(want > dead ? want - dead : 0, evict_active));
+  });
 }
 
 static_assert(std::is_same_v<decltype(free_pins_kernel), decltype(free_pins)>);

@@ -23,7 +23,7 @@ void end_prompt_kernel() {
   translate([&] {
     Balancer& b = balancer();
     b.end_prompt();
-    b.sweep();    // pins of sources that died during the prompt
+    b.reclaim(Balancer::kReclaimPerBoundary);  // pins of dead sources (Note [Dead source reclaim])
     b.relieve();  // the RAM-pressure check
   });
 }
@@ -32,7 +32,7 @@ void end_node_kernel() {
   translate([&] {
     Balancer& b = balancer();
     b.end_node();  // drops `patches`, clears `active`; the prompt goes on
-    b.sweep();     // pins of sources that died during the node
+    b.reclaim(Balancer::kReclaimPerBoundary);  // pins of dead sources (Note [Dead source reclaim])
     b.relieve();   // the RAM-pressure check
   });
 }
