@@ -174,13 +174,20 @@ def test_bench_fill_ends_with_its_ratios():
 
 def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
     stdout, figures = run_bench("balancer", "--pins", "40,80", "--reps", "2", "--decisions", "3")
-    expected = set()
+    expected = {"floor_growth"}  # the index floor under every policy's growth, measured in the same run
     for policy in ("mru", "trace", "lru"):
-        expected |= {f"decision_growth_{policy}", f"end_prompt_growth_{policy}"}
+        expected |= {f"decision_growth_{policy}", f"decision_growth_over_floor_{policy}",
+                     f"end_prompt_growth_{policy}"}
         for n in (40, 80):
             expected |= {f"decision_us_{policy}_{n}", f"end_prompt_us_{policy}_{n}", f"sweep_us_{policy}_{n}"}
     assert set(figures) == expected
     assert all(v > 0 for v in figures.values()), figures
+    # The over-floor figure is the growth divided by the floor's (each printed to two decimals).
+    floor = figures["floor_growth"]
+    for policy in ("mru", "trace", "lru"):
+        growth, over = figures[f"decision_growth_{policy}"], figures[f"decision_growth_over_floor_{policy}"]
+        assert (growth - 0.005) / (floor + 0.005) - 0.005 <= over <= (growth + 0.005) / (floor - 0.005) + 0.005, \
+            figures
     # N stays N through the decisions and the boundaries; trace keeps following its record.
     assert "trace, 80 pins (80 at the end; trace departures during decisions: 0)" in stdout, stdout
 
@@ -189,7 +196,7 @@ def test_bench_balancer_policies_option_selects_them():
     _, figures = run_bench("balancer", "--pins", "20,30", "--policies", "lru", "--reps", "1", "--decisions", "1")
     assert set(figures) == {"decision_us_lru_20", "decision_us_lru_30", "end_prompt_us_lru_20",
                             "end_prompt_us_lru_30", "sweep_us_lru_20", "sweep_us_lru_30", "decision_growth_lru",
-                            "end_prompt_growth_lru"}
+                            "decision_growth_over_floor_lru", "floor_growth", "end_prompt_growth_lru"}
 
 
 def test_bench_cast_ends_with_overheads_and_bandwidth_ratio():
