@@ -155,6 +155,12 @@ const std::map<std::string, Setter>& setters() {
                        "PINS_CONF key 'monitor_interval_ms' must be from 1 to 60000, got '", v, "'");
       c.monitor_interval_ms = n;
     };
+    s["memory_max_age_us"] = [](Config& c, std::string_view v, std::string_view k) {
+      const uint64_t n = parse_count(v, k);
+      PINS_CHECK_VALUE(n <= kMaxMemoryMaxAgeUs, "PINS_CONF key 'memory_max_age_us' must be from 0 to 1000000, got '",
+                       v, "'");
+      c.memory_max_age_us = n;
+    };
     s["system_root"] = [](Config& c, std::string_view v, std::string_view) {
       PINS_CHECK_VALUE(!v.empty(), "PINS_CONF key 'system_root' must name a directory, got ''");
       c.system_root = std::string(v);
@@ -172,6 +178,8 @@ void check_config(const Config& c) {
                    "PINS_CONF key 'alignment' must be a power of two from 1 to 4096, got '", c.alignment, "'");
   PINS_CHECK_VALUE(c.monitor_interval_ms >= 1 && c.monitor_interval_ms <= kMaxMonitorIntervalMs,
                    "PINS_CONF key 'monitor_interval_ms' must be from 1 to 60000, got '", c.monitor_interval_ms, "'");
+  PINS_CHECK_VALUE(c.memory_max_age_us <= kMaxMemoryMaxAgeUs,
+                   "PINS_CONF key 'memory_max_age_us' must be from 0 to 1000000, got '", c.memory_max_age_us, "'");
   for (const auto& [key, f] : {std::pair{"ceiling_min", c.ceiling_min}, {"ceiling_max", c.ceiling_max}})
     PINS_CHECK_VALUE(f >= 0.0 && f <= 1.0, "PINS_CONF key '", key, "' expects a fraction from 0 to 1, got '",
                      fraction_text(f), "'");
@@ -230,6 +238,7 @@ std::string format_config(const Config& c) {
   v["ceiling_max"] = fraction_text(c.ceiling_max);
   v["monitor"] = c.monitor ? "true" : "false";
   v["monitor_interval_ms"] = std::to_string(c.monitor_interval_ms);
+  v["memory_max_age_us"] = std::to_string(c.memory_max_age_us);
   v["system_root"] = c.system_root;
   std::string out;
   for (const std::string& k : config_keys()) out += detail::cat(out.empty() ? "" : ",", k, ":", v.at(k));

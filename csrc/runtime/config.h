@@ -52,6 +52,7 @@ struct Config {
   uint64_t lock_hysteresis = 2 * GiB;  // page-lock drops go this far under the ceiling
   bool monitor = false;                // background thread that relieves RAM pressure
   uint64_t monitor_interval_ms = 200;  // poll period when PSI is unavailable
+  uint64_t memory_max_age_us = 5000;   // Note [Memory readings]: how long a reading of system memory stands
   std::string system_root = "/";       // where /proc and /sys are read (tests use fixtures)
 
   friend bool operator==(const Config&, const Config&) = default;
@@ -65,6 +66,7 @@ constexpr uint64_t kMinExtentMin = 4 * KiB;
 constexpr uint64_t kMaxExtentMin = 64 * MiB;
 constexpr uint64_t kMaxAlignment = 4096;
 constexpr uint64_t kMaxMonitorIntervalMs = 60000;
+constexpr uint64_t kMaxMemoryMaxAgeUs = 1000000;
 
 // Parses `text` on top of `base`, then checks the whole result against Note
 // [Configuration bounds] (so a bad `base` is refused too). Empty text returns

@@ -50,7 +50,7 @@ Runtime::Runtime(const Config& c)
     : config_(c),
       headroom_(c.headroom),
       pool_(make_backend(c.backend, c.mlock), pool_options(c)),
-      probe_(std::make_unique<SystemMemoryProbe>(c.system_root)),
+      probe_(std::make_unique<SystemMemoryProbe>(c.system_root, static_cast<int64_t>(c.memory_max_age_us) * 1000)),
       balancer_(std::make_unique<Balancer>(c, pool_, *probe_)),
       monitor_(c.monitor ? start_monitor(c.monitor_interval_ms, c.system_root) : nullptr) {
   // Note [Fork safety]: handlers registered once, before the first Runtime is
@@ -133,6 +133,7 @@ void Runtime::configure(std::string_view conf) {
     config_ = next;
     headroom_.store(next.headroom, std::memory_order_relaxed);
     pool_.set_cap(next.cap);
+    probe_->set_max_age_ns(static_cast<int64_t>(next.memory_max_age_us) * 1000);
     balancer_->configure(next);
     if (monitor_changed) {
       old = std::move(monitor_);

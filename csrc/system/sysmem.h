@@ -2,6 +2,7 @@
 // the cgroup limits that bound both. See DESIGN.md "Budget".
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -48,7 +49,10 @@ class SystemMemoryProbe final : public MemoryProbe {
   static constexpr int64_t kDefaultMaxAgeNs = 5'000'000;  // 5 ms
   explicit SystemMemoryProbe(std::string root = "/", int64_t max_age_ns = kDefaultMaxAgeNs);
   MemoryInfo read() override;
-  int64_t max_age_ns() const override { return max_age_ns_; }
+  int64_t max_age_ns() const override { return max_age_ns_.load(std::memory_order_relaxed); }
+  // PINS_CONF memory_max_age_us; 0 reads every time (a replay that must not
+  // depend on timing: the demo).
+  void set_max_age_ns(int64_t ns) { max_age_ns_.store(ns, std::memory_order_relaxed); }
 
  private:
   // The files of one cgroup directory on the path from this process's cgroup to
@@ -64,7 +68,7 @@ class SystemMemoryProbe final : public MemoryProbe {
 
   std::string root_;
   std::string meminfo_path_;
-  int64_t max_age_ns_;
+  std::atomic<int64_t> max_age_ns_;
   // Resolved from <root>/proc/self/cgroup on the first read() and kept: the
   // files are re-read every time, the directory list is not.
   std::once_flag resolved_;

@@ -147,6 +147,7 @@ TEST(Config, EveryBoundJustInsideAndJustOutside) {
       {"ceiling_min", {"0", "0.9"}, {"-0.1", "0.9000001", "nan", "inf"}, "ceiling_max:0.9"},
       {"ceiling_max", {"0.4", "1"}, {"0.3999999", "1.0000001", "2"}, "ceiling_min:0.4"},
       {"monitor_interval_ms", {"1", "60000"}, {"0", "60001", "1K", "1.5", "-1"}},
+      {"memory_max_age_us", {"0", "1000000"}, {"1000001", "1K", "1.5", "-1"}},
       {"system_root", {"/", "/tmp/x y"}, {""}},
   };
   for (const Bound& b : bounds) {
@@ -214,7 +215,7 @@ TEST(Config, FormatReadsBackExactly) {
       "backend:null,segment_size:3M,extent_min:12345,alignment:64,cap:1.5G,retain_free:0,mlock:on,policy:trace,"
       "fast_disk:1,headroom:256T,pin_reserve:7,pin_slack:1KB,relieve_slack:0,ceiling_min:0.1,"
       "ceiling_max:0.30000000000000004,ceiling_reserve:1,ceiling_swap_reserve:2,lock_hysteresis:3,monitor:yes,"
-      "monitor_interval_ms:60000,system_root:/tmp/a b:c");
+      "monitor_interval_ms:60000,memory_max_age_us:0,system_root:/tmp/a b:c");
   const std::string text = format_config(c);
   EXPECT_EQ(parse_config(text), c) << text;
   EXPECT_NE(text.find("ceiling_max:0.30000000000000004"), std::string::npos) << text;

@@ -132,6 +132,21 @@ TEST_F(RuntimeTest, ConfigureAppliesCapAndRefusesPoolKeys) {
   EXPECT_EQ(rt.config().cap, 16 * MiB);
 }
 
+// Note [Memory readings]: memory_max_age_us is how long the probe's reading
+// stands, from the start and after a configure (0: read at every check).
+TEST_F(RuntimeTest, MemoryMaxAgeReachesTheProbe) {
+  Runtime rt(config(""));
+  EXPECT_EQ(rt.probe().max_age_ns(), 5'000'000);
+  rt.configure("memory_max_age_us:0");
+  EXPECT_EQ(rt.probe().max_age_ns(), 0);
+  rt.configure("memory_max_age_us:250");
+  EXPECT_EQ(rt.probe().max_age_ns(), 250'000);
+  EXPECT_THROW(rt.configure("memory_max_age_us:1000001"), ValueError);
+  EXPECT_EQ(rt.probe().max_age_ns(), 250'000) << "a refused configure changed the reading's age";
+  Runtime fresh(config("memory_max_age_us:0"));
+  EXPECT_EQ(fresh.probe().max_age_ns(), 0);
+}
+
 TEST_F(RuntimeTest, MonitorStartsStopsAndRestarts) {
   Runtime rt(config("monitor:true,monitor_interval_ms:5"));
   EXPECT_TRUE(rt.monitor_running());
