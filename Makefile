@@ -9,10 +9,10 @@ setup:
 build: setup
 	@bash scripts/build.sh
 
+# The demo: a scaled WAN 2.2 workflow replayed through pins on real safetensors files
+# (written to build/demo/models on the first run), per policy, against pins-sim's prediction.
 demo: build
-	@build/bin/pins-bench alloc
-	@echo
-	@build/bin/pins-sim --trace profiling/traces/wan22_a14b_32g_ram_32g_vram.json --runs 4
+	@.venv/bin/python -m torch_pins.demo
 
 test: build
 	@bash scripts/test.sh

@@ -2,7 +2,8 @@
 
   stats      the library, its configuration and every counter of a fresh process
   simulate   the workflow simulator, pins-sim (arguments go to it)
-  demo       what ``make demo`` runs: the host-pool benchmark, then the simulator
+  demo       what ``make demo`` runs: a workflow replayed through pins on real
+             safetensors files (``torch_pins.demo``; arguments go to it)
 
 Exit status: 0 when the command ran (simulate and demo: the tools' own status),
 2 for a usage error or a tool that is not available here, with a message that
@@ -26,10 +27,6 @@ from . import _library
 # The checkout this package sits in, when it is imported from python_bindings/
 # of a clone (make test's editable install) rather than from a wheel.
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# What `make demo` runs after the benchmark (Makefile).
-DEMO_TRACE = os.path.join("profiling", "traces", "wan22_a14b_32g_ram_32g_vram.json")
-DEMO_RUNS = "4"
-
 USAGE_ERROR = 2
 
 
@@ -93,33 +90,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return subprocess.call([sim, *sim_args])
 
 
-def _checkout_with_traces() -> Optional[str]:
-    """A source tree that holds the demo's trace: this package's checkout, or the
-    current directory (a clone where the wheel is installed)."""
-    for root in (_CHECKOUT, os.getcwd()):
-        if os.path.isfile(os.path.join(root, DEMO_TRACE)):
-            return root
-    return None
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    root = _checkout_with_traces()
-    if root is None:
-        print(f"torch_pins: demo needs a clone of the repository: its trace {DEMO_TRACE} is in neither "
-              f"{_CHECKOUT} nor the current directory {os.getcwd()}. Run `make demo` in a clone, or this "
-              "command from one.", file=sys.stderr)
-        return USAGE_ERROR
-    bench, looked_bench = find_tool("pins-bench", "PINS_BENCH")
-    if bench is None:
-        return _absent("pins-bench", "PINS_BENCH", looked_bench)
-    sim, looked_sim = find_tool("pins-sim", "PINS_SIM")
-    if sim is None:
-        return _absent("pins-sim", "PINS_SIM", looked_sim)
-    rc = subprocess.call([bench, "alloc"], cwd=root)
-    if rc != 0:
-        return rc
-    print(flush=True)
-    return subprocess.call([sim, "--trace", DEMO_TRACE, "--runs", DEMO_RUNS], cwd=root)
+    from . import demo
+    demo_args = list(args.demo_args)
+    if demo_args[:1] == ["--"]:
+        demo_args = demo_args[1:]
+    return demo.main(demo_args)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -144,10 +120,13 @@ def parser() -> argparse.ArgumentParser:
     simulate.add_argument("sim_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     simulate.set_defaults(run=cmd_simulate)
     demo = sub.add_parser(
-        "demo", help="what `make demo` runs: the host-pool benchmark, then a simulated workflow",
-        description=f"Runs what `make demo` runs, from a clone of the repository: pins-bench alloc, then pins-sim "
-                    f"--trace {DEMO_TRACE} --runs {DEMO_RUNS}. Needs the clone's traces and its build "
-                    "(make build); found as for simulate ($PINS_BENCH, $PINS_SIM, build/bin, PATH).")
+        "demo", help="what `make demo` runs: a workflow replayed through pins on real files (arguments go to it)",
+        description="Runs torch_pins.demo, what `make demo` runs: a workflow trace replayed layer by layer through "
+                    "pins on real safetensors files, per policy and without pins, beside pins-sim's prediction. "
+                    "`python -m torch_pins demo -- --help` lists its options. It needs pins-sim (found as for "
+                    "simulate) and, with the default trace, a clone of the repository.",
+        usage="python -m torch_pins demo [-h] [--] DEMO_ARGS...")
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     demo.set_defaults(run=cmd_demo)
     return p
 
@@ -163,6 +142,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # would take them for its own.
     if argv[:1] == ["simulate"] and argv[1:] not in (["-h"], ["--help"]):
         return cmd_simulate(argparse.Namespace(sim_args=argv[1:]))
+    if argv[:1] == ["demo"] and argv[1:] not in (["-h"], ["--help"]):
+        return cmd_demo(argparse.Namespace(demo_args=argv[1:]))
     args = parser().parse_args(argv)
     try:
         return args.run(args)

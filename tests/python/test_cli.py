@@ -64,10 +64,20 @@ def test_simulate_runs_pins_sim_with_the_arguments_given():
     assert out.returncode == 2 and "--runs: expected a positive integer" in out.stderr
 
 
-def test_simulate_and_demo_name_the_tool_they_cannot_find():
+def test_simulate_and_demo_name_the_tool_they_cannot_find(tmp_path):
     out = cli("simulate", "--trace", TRACE, PINS_SIM="/nonexistent/pins-sim")
     assert out.returncode == 2
     assert "pins-sim not found (looked at $PINS_SIM=/nonexistent/pins-sim, not an executable file)" in out.stderr
-    out = cli("demo", PINS_BENCH="/nonexistent/pins-bench")
+    # demo looks for pins-sim before it writes a byte of its model files
+    out = cli("demo", "--out", str(tmp_path), PINS_SIM="/nonexistent/pins-sim")
     assert out.returncode == 2
-    assert "pins-bench not found (looked at $PINS_BENCH=/nonexistent/pins-bench" in out.stderr
+    assert "pins-sim not found (looked at $PINS_SIM=/nonexistent/pins-sim, not an executable file)" in out.stderr
+    assert not os.path.exists(os.path.join(tmp_path, "models"))
+
+
+def test_demo_passes_its_arguments_to_torch_pins_demo():
+    out = cli("demo", "--policy", "fifo")
+    assert out.returncode == 2
+    assert "--policy: unknown policy 'fifo'" in out.stderr
+    out = cli("demo", "--", "--help")
+    assert out.returncode == 0 and "--ram-budget" in out.stdout

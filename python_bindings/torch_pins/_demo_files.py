@@ -1,0 +1,234 @@
+"""The demo's files: safetensors headers, the synthetic model files it writes,
+the user's files it reads, and the layers a trace model is made of.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header
+(``{"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
+{...}}``, offsets relative to the end of the header, which may be padded with
+spaces) and the tensors' bytes.
+
+Note [Demo files]
+The demo's synthetic models are directories with one safetensors file per
+layer (a sharded checkpoint taken to one shard per layer), each holding one
+fp16 tensor of whole pages that starts on a page. The kernel's read-ahead on a
+memory-mapped file reads up to tens of MB past the point read (measured on this
+project's machine); within one file per model it runs into the next layers, so
+the bytes a run reads from disk depend on the order of reads and on what the
+page cache happened to keep around them, by up to 10% of a run. It stops at the
+end of a file, so with a file per layer the kernel reads a layer's pages, plus
+once per file the header's page, and the page cache of one layer can be
+dropped without touching another (Note [Demo page cache] in _demo_replay.py).
+A user's files (--files) are read as they are, one file or a directory of
+shards per model.
+
+Standard library only: the parent process of the demo never imports torch for
+this (the files' bytes are written by ``write_file``'s caller).
+"""
+import json
+import os
+import re
+import struct
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+PAGE = 4096
+# safetensors' dtype names and their sizes in bytes.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+# A header larger than this is not a safetensors header (the format's own limit is 100 MB).
+MAX_HEADER = 100 * 1000 * 1000
+
+
+class FileError(ValueError):
+    """A file the demo cannot use; the message names the file and what is wrong."""
+
+
+def named(what: str, path: str) -> str:
+    """How an error names a file: ``--files unet='/x.safetensors'``, ``file '/x'``."""
+    return f"{what}{path!r}" if what.endswith("=") else f"{what} {path!r}"
+
+
+class TensorEntry:
+    """One tensor of a file: its name, dtype, shape and absolute byte range."""
+    __slots__ = ("name", "dtype", "shape", "begin", "end")
+
+    def __init__(self, name: str, dtype: str, shape: List[int], begin: int, end: int):
+        self.name, self.dtype, self.shape, self.begin, self.end = name, dtype, shape, begin, end
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+class Header:
+    """A parsed safetensors header: the tensors in file order and the metadata."""
+
+    def __init__(self, path: str, data_start: int, tensors: List[TensorEntry], metadata: Dict[str, str]):
+        self.path, self.data_start, self.tensors, self.metadata = path, data_start, tensors, metadata
+        self.by_name = {t.name: t for t in tensors}
+
+
+def read_header(path: str, what: str = "file") -> Header:
+    """Parses and checks the header of safetensors file `path`; `what` names it in
+    errors (``--files unet=...``). Raises FileError saying what is wrong."""
+    def bad(msg: str) -> FileError:
+        return FileError(f"{named(what, path)}: {msg}")
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise bad(f"not a safetensors file: {size} bytes, shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n == 0 or n > MAX_HEADER or 8 + n > size:
+                raise bad(f"not a safetensors file: its first 8 bytes give a header of {n} bytes, "
+                          f"the file has {size}")
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise bad("no such file") from None
+    except IsADirectoryError:
+        raise bad("is a directory, not a safetensors file") from None
+    except PermissionError:
+        raise bad("cannot be read (permission denied)") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"not a safetensors file: its header is not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise bad(f"not a safetensors file: its header is a JSON {type(doc).__name__}, not an object")
+    data_start = 8 + n
+    metadata = doc.pop("__metadata__", {}) or {}
+    tensors = []
+    for name, e in doc.items():
+        if not isinstance(e, dict) or not {"dtype", "shape", "data_offsets"} <= set(e):
+            raise bad(f"tensor {name!r}: expected dtype, shape and data_offsets, got {e!r}")
+        dtype, shape, (b, end) = e["dtype"], e["shape"], e["data_offsets"]
+        if dtype not in DTYPE_BYTES:
+            raise bad(f"tensor {name!r}: unknown dtype {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})")
+        count = 1
+        for d in shape:
+            count *= d
+        if not 0 <= b <= end or end - b != count * DTYPE_BYTES[dtype]:
+            raise bad(f"tensor {name!r}: data_offsets {[b, end]} do not hold shape {shape} of {dtype}")
+        if data_start + end > size:
+            raise bad(f"tensor {name!r}: its bytes end at {data_start + end}, past the end of the file ({size} "
+                      f"bytes): the file is truncated")
+        tensors.append(TensorEntry(name, dtype, list(shape), data_start + b, data_start + end))
+    if not tensors:
+        raise bad("holds no tensors")
+    tensors.sort(key=lambda t: t.begin)
+    return Header(path, data_start, tensors, {str(k): str(v) for k, v in metadata.items()})
+
+
+def write_file(path: str, tensors: Sequence[Tuple[str, str, List[int]]], metadata: Dict[str, str],
+               fill: Callable[[int, int, object], None]) -> None:
+    """Writes a safetensors file whose data starts on a page: with tensors of whole
+    pages (the demo's layers), every tensor starts on one (the format allows no
+    gaps between tensors, so other sizes shift the ones after them).
+
+    `tensors` is (name, dtype, shape) in file order. `fill(i, nbytes, f)` writes tensor i's bytes to the open
+    file `f`. The file is written under a temporary name, synced and renamed, so
+    an interrupted run leaves no half-written file under `path`."""
+    header: Dict[str, object] = {"__metadata__": dict(metadata)}
+    offset = 0
+    sizes = []
+    for i, (name, dtype, shape) in enumerate(tensors):
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes = count * DTYPE_BYTES[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        sizes.append(nbytes)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * ((-(8 + len(text))) % PAGE)  # the data starts on a page
+    tmp = path + ".partial"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for i, nbytes in enumerate(sizes):
+            fill(i, nbytes, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def drop_from_page_cache(path: str, begin: int = 0, length: int = 0) -> None:
+    """Drops the file's pages in [begin, begin + length) (0: to the end) from the
+    page cache, where no process maps them (posix_fadvise DONTNEED; no root
+    needed). Written-back pages only: the demo's files are synced when written."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, begin, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+# Layers from a file's tensor names, as the simulator groups a parameter list
+# (docs/SIMULATOR.md, "Layers from the parameter list", `block` grouping): the
+# name up to its first numeric component ("blocks.7", "down_blocks.2"); a name
+# without one goes by its module ("head.head.weight" -> "head.head").
+_NUMERIC = re.compile(r"^\d+$")
+
+
+def layer_of(tensor_name: str) -> str:
+    parts = tensor_name.split(".")
+    for i, p in enumerate(parts):
+        if _NUMERIC.match(p):
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:-1]) if len(parts) > 1 else tensor_name
+
+
+def model_files(path: str, what: str) -> List[str]:
+    """The safetensors files of a model: `path` itself, or every *.safetensors in
+    directory `path` (a sharded checkpoint), sorted."""
+    if os.path.isdir(path):
+        found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+        if not found:
+            raise FileError(f"{named(what, path)}: a directory with no .safetensors file in it")
+        return found
+    if not os.path.exists(path):
+        raise FileError(f"{named(what, path)}: no such file or directory")
+    return [path]
+
+
+def layers_of(headers: Sequence[Header]) -> List[Tuple[str, List[Tuple[str, TensorEntry]]]]:
+    """The layers of a model's files, in file and byte order: (layer name, its
+    (file, tensor) pairs). A layer's tensors need not be adjacent, nor in one file."""
+    order: List[str] = []
+    groups: Dict[str, List[Tuple[str, TensorEntry]]] = {}
+    for h in headers:
+        for t in h.tensors:
+            key = layer_of(t.name)
+            if key not in groups:
+                groups[key] = []
+                order.append(key)
+            groups[key].append((h.path, t))
+    return [(k, groups[k]) for k in order]
+
+
+def synthetic_shape(nbytes: int) -> Tuple[str, List[int]]:
+    """dtype and shape of a synthetic weight of `nbytes`: fp16 rows of 2048 when
+    they fit, else fp16 or bytes in one dimension."""
+    if nbytes % 4096 == 0:
+        return "F16", [nbytes // 4096, 2048]
+    if nbytes % 2 == 0:
+        return "F16", [nbytes // 2]
+    return "U8", [nbytes]
+
+
+def check_synthetic(path: str, expected: Dict[str, int], trace_name: str) -> Optional[str]:
+    """None when the demo's file at `path` holds exactly the `expected` tensors
+    (name -> bytes) written for `trace_name`; else why it must be written again."""
+    if not os.path.exists(path):
+        return "not written yet"
+    try:
+        h = read_header(path)
+    except FileError as e:
+        return str(e)
+    if h.metadata.get("pins_demo_trace") != trace_name:
+        return f"written for another trace ({h.metadata.get('pins_demo_trace')!r})"
+    have = {t.name: t.nbytes for t in h.tensors}
+    if have != expected:
+        return "its tensors differ from the trace's layers"
+    if os.path.getsize(path) != h.tensors[-1].end:
+        return "its size does not match its header"
+    return None
