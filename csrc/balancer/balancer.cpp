@@ -276,7 +276,7 @@ Pin* Balancer::find_locked(Model& m, Subset s, const Request& r, std::vector<voi
 
 Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<SourceGuard>()>& make_guard) {
   std::vector<void*> stale;
-  Subset target;
+  Subset target{};  // set below before any use; initialized for -Wmaybe-uninitialized
   Lease found;  // a hit, or none with `served` for a pin busy elsewhere
   bool served = false;
   uint64_t settled_at_read = 0;  // Note [Budget reservation]: before the reading below

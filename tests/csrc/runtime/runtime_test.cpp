@@ -192,6 +192,14 @@ TEST_F(RuntimeTest, ConcurrentConfigureEndsConsistent) {
 // monitor for good) and then joined a thread that does not exist in it
 // (SIGABRT).
 TEST_F(RuntimeTest, ForkWithTheMonitorOn) {
+#ifdef PINS_TEST_TSAN
+  // In the child, glibc gives the new monitor thread the stack, and so the
+  // pthread id, of the parent's monitor thread, which does not exist there;
+  // ThreadSanitizer still lists it as running and aborts the child ("dup thread
+  // with used id", exit 66) whatever die_after_fork says. The plain and the
+  // ASan+UBSan runs of this test cover it.
+  GTEST_SKIP() << "ThreadSanitizer cannot follow a fork child that starts a thread in place of a parent's thread";
+#endif
   Runtime rt(config("monitor:true,monitor_interval_ms:5"));
   ASSERT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= 2; }));
   const int status = in_fork_child([&] {
