@@ -19,6 +19,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' | tee -a "$OUT/summary.txt"
 gtest_arg=()
 [ -d .gpu-deps/googletest ] && gtest_arg=(-DPINS_GTEST_SOURCE="$PWD/.gpu-deps/googletest")
+[ -d .gpu-deps/nlohmann ] && gtest_arg+=(-DPINS_NLOHMANN_INCLUDE="$PWD/.gpu-deps/nlohmann")
 mapfile -t torch_args < <(bash scripts/torch_cmake_args.sh python3)
 cmake -S . -B build-gpu -G Ninja "${torch_args[@]}" "${gtest_arg[@]}" > "$OUT/configure.log" 2>&1 \
   || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }

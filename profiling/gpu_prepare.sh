@@ -6,4 +6,7 @@ cd "$(dirname "$0")/.."
 mkdir -p .gpu-deps
 [ -d /usr/src/googletest ] || { echo "install libgtest-dev (make setup) first" >&2; exit 1; }
 rm -rf .gpu-deps/googletest && cp -r /usr/src/googletest .gpu-deps/googletest
-echo "prepared .gpu-deps/googletest"
+# nlohmann-json's headers (the safetensors reader in the core needs them).
+[ -f /usr/include/nlohmann/json.hpp ] || { echo "install nlohmann-json3-dev (make setup) first" >&2; exit 1; }
+rm -rf .gpu-deps/nlohmann && mkdir -p .gpu-deps/nlohmann && cp -r /usr/include/nlohmann .gpu-deps/nlohmann/
+echo "prepared .gpu-deps/googletest and .gpu-deps/nlohmann"

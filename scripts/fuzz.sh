@@ -6,14 +6,14 @@
 # A crash leaves its input in build-fuzz/ (crash-*) and fails the script.
 # With PINS_FUZZ_JUNIT=FILE it also writes a JUnit report, one test case per
 # target (scripts/test.sh counts it in its summary line).
-#   scripts/fuzz.sh [SECONDS] [TARGET...]   targets: config size trace (default: all)
+#   scripts/fuzz.sh [SECONDS] [TARGET...]   targets: config size safetensors trace (default: all)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 secs=${1:-20}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config size trace)
+[ ${#targets[@]} -gt 0 ] || targets=(config size safetensors trace)
 dir=${PINS_FUZZ_DIR:-build-fuzz}
 junit=${PINS_FUZZ_JUNIT:-}
 if ! command -v clang++ >/dev/null 2>&1; then
@@ -32,6 +32,7 @@ for t in "${targets[@]}"; do
   log="$dir/fuzz_$t.log"
   max_len=4096
   [ "$t" = trace ] && max_len=16384
+  [ "$t" = safetensors ] && max_len=8192
   if "$dir/bin/pins_fuzz_$t" -max_total_time="$secs" -print_final_stats=1 -max_len="$max_len" \
        -dict="fuzz/$t.dict" -artifact_prefix="$dir/" "$dir/corpus/$t" "fuzz/corpus/$t" > "$log" 2>&1; then
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")

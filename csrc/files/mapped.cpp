@@ -1,0 +1,152 @@
+#include "csrc/files/mapped.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "csrc/base/check.h"
+#include "csrc/files/read.h"
+
+namespace pins::files {
+namespace {
+
+// The registry: every live mapping by its start address. Weak: a mapping's
+// lifetime is its holders' (the tensors' storages), and it leaves the
+// registry in its destructor.
+struct Registry {
+  std::mutex mu;
+  std::map<uintptr_t, std::weak_ptr<MappedFile>> by_base;
+};
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: storages may die at exit
+  return *r;
+}
+
+std::atomic<uint64_t> g_fills{0}, g_bytes{0}, g_direct{0}, g_written{0}, g_mapped{0};
+
+constexpr uint64_t kPage = 4096;
+
+}  // namespace
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
+  std::shared_ptr<MappedFile> f(new MappedFile);
+  f->path_ = path;
+  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f->fd_ < 0) throw ResourceError(detail::cat(path, ": cannot open (", std::strerror(errno), ")"));
+  struct stat st {};
+  if (::fstat(f->fd_, &st) != 0) throw ResourceError(detail::cat(path, ": cannot stat (", std::strerror(errno), ")"));
+  PINS_CHECK_VALUE(S_ISREG(st.st_mode), path, ": not a regular file");
+  f->size_ = static_cast<uint64_t>(st.st_size);
+  if (f->size_ > 0) {
+    // Read-write and private: writes through the tensors stay in this process
+    // (copy-on-write), the file is never changed.
+    void* base = ::mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd_, 0);
+    if (base == MAP_FAILED) throw ResourceError(detail::cat(path, ": cannot map (", std::strerror(errno), ")"));
+    f->base_ = base;
+  }
+  f->direct_fd_ = open_direct(f->fd_);
+  if (f->base_ != nullptr) {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> g(r.mu);
+    r.by_base[reinterpret_cast<uintptr_t>(f->base_)] = f;
+  }
+  g_mapped.fetch_add(1, std::memory_order_relaxed);
+  return f;
+}
+
+MappedFile::~MappedFile() {
+  if (base_ != nullptr) {
+    {
+      Registry& r = registry();
+      std::lock_guard<std::mutex> g(r.mu);
+      r.by_base.erase(reinterpret_cast<uintptr_t>(base_));
+    }
+    ::munmap(base_, size_);
+  }
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+  if (fd_ >= 0) ::close(fd_);
+  g_mapped.fetch_sub(1, std::memory_order_relaxed);
+}
+
+bool find_mapped(const void* p, uint64_t n, FileRange& out) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  auto it = r.by_base.upper_bound(a);
+  if (it == r.by_base.begin()) return false;
+  --it;
+  std::shared_ptr<MappedFile> f = it->second.lock();
+  if (!f) return false;
+  const uint64_t off = a - it->first;
+  if (off > f->size() || n > f->size() - off) return false;
+  out.file = std::move(f);
+  out.offset = off;
+  return true;
+}
+
+bool pages_unwritten(const void* p, uint64_t n) {
+  if (n == 0) return true;
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const uint64_t first = reinterpret_cast<uintptr_t>(p) / kPage;
+  const uint64_t last = (reinterpret_cast<uintptr_t>(p) + n - 1) / kPage;
+  uint64_t entries[512];
+  bool clean = true;
+  for (uint64_t page = first; clean && page <= last;) {
+    const uint64_t count = std::min<uint64_t>(512, last - page + 1);
+    const ssize_t r = ::pread(fd, entries, count * 8, static_cast<off_t>(page * 8));
+    if (r != static_cast<ssize_t>(count * 8)) {
+      clean = false;
+      break;
+    }
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint64_t e = entries[i];
+      const bool present = (e >> 63) & 1, swapped = (e >> 62) & 1, file_page = (e >> 61) & 1;
+      if (swapped || (present && !file_page)) {
+        clean = false;
+        break;
+      }
+    }
+    page += count;
+  }
+  ::close(fd);
+  return clean;
+}
+
+FileFillStats file_fill_stats() {
+  FileFillStats s;
+  s.fills = g_fills.load(std::memory_order_relaxed);
+  s.bytes = g_bytes.load(std::memory_order_relaxed);
+  s.direct = g_direct.load(std::memory_order_relaxed);
+  s.written = g_written.load(std::memory_order_relaxed);
+  s.mapped_files = g_mapped.load(std::memory_order_relaxed);
+  return s;
+}
+
+void count_file_fill(uint64_t bytes, bool direct) {
+  g_fills.fetch_add(1, std::memory_order_relaxed);
+  g_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  if (direct) g_direct.fetch_add(1, std::memory_order_relaxed);
+}
+
+void count_written_fallback() { g_written.fetch_add(1, std::memory_order_relaxed); }
+
+bool fill_from_file(const void* p, uint64_t n, void* dst, int threads) {
+  FileRange where;
+  if (!find_mapped(p, n, where)) return false;
+  if (!pages_unwritten(p, n)) {
+    count_written_fallback();
+    return false;
+  }
+  const MappedFile& f = *where.file;
+  const ReadResult how = read_range(f.fd(), f.direct_fd(), f.path(), where.offset, dst, n, threads);
+  count_file_fill(n, how.direct);
+  return true;
+}
+
+}  // namespace pins::files

@@ -1,0 +1,88 @@
+// Files mapped into memory whose bytes pins can read from the file itself
+// (torch-free): the registry behind file-backed pins.
+//
+// Note [File-backed pins]
+// pins::load_file maps a safetensors file MAP_PRIVATE and read-write, as
+// applications get their weights from a loader: reads fault the file's pages
+// in, and a write (ComfyUI patches weights in place) copies the page it
+// touches into anonymous memory, leaving the file as it was. Each mapping is
+// registered here. When a new pin's source lies inside a registered mapping,
+// the pin is filled from the file (Note [File reads]) instead of through the
+// mapping, unless the source's bytes may differ from the file's:
+// - a page of the range is anonymous or swapped (/proc/self/pagemap): it was
+//   written through the mapping. Not-present pages and pages of the page
+//   cache still hold the file's bytes. If pagemap cannot be read, every page
+//   counts as written.
+// Then the pin is copied from memory, as for any other source, and the fall
+// back is counted. A file rewritten on disk under the mapping is the caller's
+// to report (pins::invalidate), as it is for a pin filled through the
+// mapping: the mapping shows the new bytes in the pages it has not copied,
+// and a read of the file shows them everywhere; either way no earlier pin
+// is touched.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <map>
+#include <string>
+
+#include "csrc/files/read.h"
+
+namespace pins::files {
+
+// One mapping of a whole file: unmapped and closed when the last holder goes.
+class MappedFile {
+ public:
+  // Maps `path` (pins::ResourceError naming it when it cannot be opened,
+  // stat-ed or mapped) and registers the mapping.
+  static std::shared_ptr<MappedFile> open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  char* data() const { return static_cast<char*>(base_); }
+  uint64_t size() const { return size_; }
+  int fd() const { return fd_; }
+  int direct_fd() const { return direct_fd_; }
+
+ private:
+  MappedFile() = default;
+  std::string path_;
+  int fd_ = -1;
+  int direct_fd_ = -1;
+  void* base_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// Where [p, p + n) lies in a registered mapping, if it lies wholly in one.
+struct FileRange {
+  std::shared_ptr<MappedFile> file;
+  uint64_t offset = 0;  // of p in the file
+};
+bool find_mapped(const void* p, uint64_t n, FileRange& out);
+
+// Note [File-backed pins]: true when no page of [p, p + n) was written
+// through its mapping (none anonymous or swapped in /proc/self/pagemap).
+bool pages_unwritten(const void* p, uint64_t n);
+
+// Counters of the fills from files, process-wide and never decreasing.
+struct FileFillStats {
+  uint64_t fills = 0;       // pins filled from their file
+  uint64_t bytes = 0;       // bytes read for them
+  uint64_t direct = 0;      // of the fills, those read with O_DIRECT
+  uint64_t written = 0;     // pins of a mapped source filled from memory: pages written
+  uint64_t mapped_files = 0;  // mappings alive now
+};
+FileFillStats file_fill_stats();
+void count_file_fill(uint64_t bytes, bool direct);
+void count_written_fallback();
+
+// Fills dst (n bytes) with [p, p + n) from its file when Note [File-backed
+// pins] allows it; false (nothing written, the fall back counted where it
+// applies) when the range is not in a registered mapping or was written.
+bool fill_from_file(const void* p, uint64_t n, void* dst, int threads = kReadThreads);
+
+}  // namespace pins::files

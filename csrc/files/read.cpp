@@ -1,0 +1,172 @@
+#include "csrc/files/read.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "csrc/base/check.h"
+
+namespace pins::files {
+namespace {
+
+// pread of exactly n bytes unless the file ends first; returns the bytes read.
+uint64_t pread_full(int fd, char* dst, uint64_t n, uint64_t off, const std::string& path) {
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      throw ResourceError(detail::cat(path, ": read at offset ", off + done, " failed (", std::strerror(errno), ")"));
+    if (r == 0) break;
+    done += static_cast<uint64_t>(r);
+  }
+  return done;
+}
+
+[[noreturn]] void short_file(const std::string& path, uint64_t at) {
+  throw ResourceError(detail::cat(path, ": the file ends at ", at, ", inside the range read"));
+}
+
+// Note [File reads]: the bounce buffers, kept for the next read (committed
+// and faulted in once: a fresh buffer per read costs page faults, and under
+// memory pressure reclaim, on the hot path). At most kReadThreads are kept
+// idle, (kReadChunk + 2 * kDirectAlign) bytes each.
+constexpr uint64_t kBounceBytes = kReadChunk + 2 * kDirectAlign;
+struct BouncePool {
+  std::mutex mu;
+  std::vector<char*> idle;
+};
+BouncePool& bounce_pool() {
+  static BouncePool* p = new BouncePool;  // never destroyed: a read may run at exit
+  return *p;
+}
+char* take_bounce(const std::string& path) {
+  BouncePool& p = bounce_pool();
+  {
+    std::lock_guard<std::mutex> g(p.mu);
+    if (!p.idle.empty()) {
+      char* b = p.idle.back();
+      p.idle.pop_back();
+      return b;
+    }
+  }
+  char* b = static_cast<char*>(std::aligned_alloc(kDirectAlign, kBounceBytes));
+  if (b == nullptr) throw ResourceError(detail::cat(path, ": no memory for a ", kBounceBytes, "-byte read buffer"));
+  return b;
+}
+void give_bounce(char* b) {
+  if (b == nullptr) return;
+  BouncePool& p = bounce_pool();
+  {
+    std::lock_guard<std::mutex> g(p.mu);
+    if (p.idle.size() < static_cast<size_t>(kReadThreads)) {
+      p.idle.push_back(b);
+      return;
+    }
+  }
+  std::free(b);
+}
+
+// One chunk [lo, hi) of the range starting at `offset`, into its place in dst
+// (Note [File reads]): buffered; or O_DIRECT of the chunk's aligned part
+// straight into dst when dst is congruent to the file offset, else into
+// `bounce` and copied out.
+void read_chunk(const ReadResult& how, int fd, int direct_fd, const std::string& path, uint64_t offset, char* dst,
+                uint64_t lo, uint64_t hi, char* bounce) {
+  if (!how.direct) {
+    const uint64_t got = pread_full(fd, dst + (lo - offset), hi - lo, lo, path);
+    if (got != hi - lo) short_file(path, lo + got);
+    return;
+  }
+  if (how.congruent) {
+    const auto buffered = [&](uint64_t a, uint64_t b) {
+      if (a >= b) return;
+      const uint64_t got = pread_full(fd, dst + (a - offset), b - a, a, path);
+      if (got != b - a) short_file(path, a + got);
+    };
+    const uint64_t alo = (lo + kDirectAlign - 1) & ~(kDirectAlign - 1);
+    const uint64_t ahi = hi & ~(kDirectAlign - 1);
+    if (alo >= ahi) return buffered(lo, hi);
+    buffered(lo, alo);
+    const uint64_t got = pread_full(direct_fd, dst + (alo - offset), ahi - alo, alo, path);
+    if (got != ahi - alo) short_file(path, alo + got);
+    buffered(ahi, hi);
+    return;
+  }
+  const uint64_t alo = lo & ~(kDirectAlign - 1);
+  const uint64_t ahi = (hi + kDirectAlign - 1) & ~(kDirectAlign - 1);
+  const uint64_t got = pread_full(direct_fd, bounce, ahi - alo, alo, path);
+  if (alo + got < hi) short_file(path, alo + got);
+  std::memcpy(dst + (lo - offset), bounce + (lo - alo), hi - lo);
+}
+
+}  // namespace
+
+int open_direct(int fd) {
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  return ::open(self.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+}
+
+ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t offset, void* dst, uint64_t n,
+                      int threads) {
+  ReadResult how;
+  how.direct = direct_fd >= 0;
+  how.congruent = (reinterpret_cast<uintptr_t>(dst) - offset) % kDirectAlign == 0;
+  if (n == 0) return how;
+  if (offset > UINT64_MAX - n) throw ValueError(detail::cat(path, ": range at ", offset, " of ", n, " bytes overflows"));
+  char* out = static_cast<char*>(dst);
+  const uint64_t end = offset + n;
+  // Chunks on kReadChunk boundaries of the file, so every O_DIRECT request but
+  // the first and the last is whole aligned chunks.
+  const uint64_t first = offset / kReadChunk, last = (end - 1) / kReadChunk;
+  const uint64_t chunks = last - first + 1;
+  // Buffered reads on one thread: the kernel's read-ahead keeps requests in
+  // flight already, and readers at several offsets defeat it (Note [File reads]).
+  const int most = how.direct ? std::max(threads, 1) : 1;
+  const bool bounce = how.direct && !how.congruent;
+  how.threads = static_cast<int>(std::clamp<uint64_t>(chunks, 1, static_cast<uint64_t>(most)));
+
+  std::atomic<uint64_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  const auto work = [&] {
+    char* buf = nullptr;
+    try {
+      if (bounce) buf = take_bounce(path);
+      for (uint64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+        const uint64_t lo = std::max(offset, (first + c) * kReadChunk);
+        const uint64_t hi = std::min(end, (first + c + 1) * kReadChunk);
+        read_chunk(how, fd, direct_fd, path, offset, out, lo, hi, buf);
+      }
+    } catch (...) {
+      next.store(chunks);  // the others stop at their next chunk
+      std::lock_guard<std::mutex> g(error_mu);
+      if (!error) error = std::current_exception();
+    }
+    give_bounce(buf);
+  };
+  if (how.threads == 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    pool.reserve(static_cast<size_t>(how.threads - 1));
+    for (int i = 1; i < how.threads; ++i) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+  }
+  if (error) std::rethrow_exception(error);
+  // Note [File reads]: buffered reads leave what they read cached; give it back.
+  if (!how.direct || how.congruent) ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_DONTNEED);
+  return how;
+}
+
+}  // namespace pins::files

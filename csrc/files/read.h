@@ -1,0 +1,61 @@
+// Reading a byte range of a file into memory the caller owns (a pin), without
+// leaving a second copy of it in the page cache (torch-free).
+//
+// Note [File reads]
+// A pin filled through the file's mapping would fault every page into the
+// page cache and copy it from there: the weight is then held twice, once
+// pinned and once cached, until the kernel gets round to the cache, and each
+// of those pages must first be found free (under memory pressure, by
+// reclaim). pins reads the range itself instead, in kReadChunk chunks (on
+// file-offset multiples of kReadChunk):
+// - O_DIRECT where the filesystem allows it, through a second descriptor of
+//   the same open file (opened through /proc/self/fd, so a file renamed or
+//   replaced on disk after it was mapped is still the one read). The device
+//   writes either straight into the destination, when its address is
+//   congruent to the file offset modulo kDirectAlign (then only the range's
+//   unaligned head and tail are read buffered), or, as for most safetensors
+//   tensors (they start at 8 + header length + their offset), into an
+//   aligned bounce buffer whose part in the range is copied out. Up to
+//   `threads` threads take the chunks in turn, so one copies while another
+//   waits on the device. The bounce buffers are kept for the next read (at
+//   most kReadThreads idle, kReadChunk + 8 KiB each): a fresh one faults its
+//   pages in on the hot path.
+// - Otherwise (tmpfs and some network filesystems refuse O_DIRECT) buffered
+//   pread straight into the destination on the calling thread, then
+//   posix_fadvise DONTNEED over the range, so the cache drops what the read
+//   put there (pages another mapping has mapped stay). One thread: the
+//   kernel's read-ahead keeps requests in flight already, and readers at
+//   several offsets defeat it (on the project's machine 4 threads read a
+//   512 MiB file at 0.63 of a raw O_DIRECT read, one at 0.94).
+// pins-bench load measures both against a raw O_DIRECT read
+// (docs/PERFORMANCE.md, "load").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace pins::files {
+
+constexpr uint64_t kReadChunk = 8ull << 20;
+constexpr uint64_t kDirectAlign = 4096;  // the largest logical block size in use
+constexpr int kReadThreads = 4;
+
+// How a read_range() went.
+struct ReadResult {
+  bool direct = false;     // O_DIRECT, else buffered + DONTNEED
+  bool congruent = false;  // the destination congruent to the file offset: no bounce buffer
+  int threads = 1;
+};
+
+// Reads [offset, offset + n) into dst. `fd` is a plain descriptor of the
+// file, `direct_fd` the same file opened with O_DIRECT, or -1. Throws
+// pins::ResourceError naming `path` on a read error or a file shorter than
+// the range; dst is then partly written.
+ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t offset, void* dst, uint64_t n,
+                      int threads = kReadThreads);
+
+// `fd` reopened with O_DIRECT (the same open file, through /proc/self/fd), or
+// -1 where the filesystem refuses it.
+int open_direct(int fd);
+
+}  // namespace pins::files

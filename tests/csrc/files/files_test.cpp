@@ -1,0 +1,171 @@
+// Note [File reads] and Note [File-backed pins]: bytes read from the file are
+// the file's, at any offset and size, on any thread count, direct or not; a
+// page written through the mapping stops the file from being used.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "csrc/base/check.h"
+#include "csrc/files/mapped.h"
+#include "csrc/files/read.h"
+
+namespace pins::files {
+namespace {
+
+// A file of `n` pseudo-random bytes in `dir`, removed with the object.
+struct TempFile {
+  std::string path;
+  std::string bytes;
+  TempFile(const std::string& dir, uint64_t n, uint32_t seed) {
+    path = dir + "/pins_files_testXXXXXX";
+    const int fd = ::mkstemp(path.data());
+    EXPECT_GE(fd, 0) << path;
+    ::close(fd);
+    std::mt19937 rng(seed);
+    bytes.resize(n);
+    for (char& c : bytes) c = static_cast<char>(rng());
+    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(n));
+    // On disk, so the page cache holds clean pages the kernel may drop.
+    const int wfd = ::open(path.c_str(), O_RDONLY);
+    ::fsync(wfd);
+    ::close(wfd);
+  }
+  ~TempFile() { std::remove(path.c_str()); }
+};
+
+// Reads [offset, offset + n) into a buffer placed so that its address is
+// congruent to the file offset modulo kDirectAlign (`congruent`: O_DIRECT
+// straight into it, Note [File reads]) or one byte off it (through a bounce
+// buffer); `direct` false reads buffered.
+void expect_range(const TempFile& f, bool direct, bool congruent, uint64_t offset, uint64_t n, int threads) {
+  const int fd = ::open(f.path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const int dfd = direct ? open_direct(fd) : -1;
+  std::vector<char> buf(n + 2 * kDirectAlign + 2, '\x01');
+  const uintptr_t base = reinterpret_cast<uintptr_t>(buf.data()) + 1;
+  char* dst = buf.data() + 1 + (offset - base) % kDirectAlign + (congruent ? 0 : 1);
+  const ReadResult how = read_range(fd, dfd, f.path, offset, dst, n, threads);
+  EXPECT_EQ(how.direct, dfd >= 0);
+  EXPECT_EQ(how.congruent, congruent);
+  EXPECT_EQ(0, std::memcmp(dst, f.bytes.data() + offset, n)) << "offset " << offset << " n " << n;
+  EXPECT_EQ(dst[-1], '\x01');  // nothing written outside the range
+  EXPECT_EQ(dst[n], '\x01');
+  if (dfd >= 0) ::close(dfd);
+  ::close(fd);
+}
+
+TEST(FileReads, BitExactAtOddOffsetsAndSizesOnAnyThreadCount) {
+  const uint32_t seed = std::random_device{}();
+  std::printf("FileReads seed=%u\n", seed);
+  const uint64_t size = 3 * kReadChunk + 12345;
+  TempFile f("/tmp", size, seed);
+  std::mt19937_64 rng(seed);
+  for (bool direct : {true, false}) {
+    for (bool congruent : {true, false}) {
+      expect_range(f, direct, congruent, 0, size, 4);  // the whole file
+      expect_range(f, direct, congruent, 1, size - 2, 3);
+      expect_range(f, direct, congruent, kReadChunk - 1, 2, 2);  // across a chunk boundary
+      expect_range(f, direct, congruent, 4095, 4097, 1);
+      expect_range(f, direct, congruent, 4096, 3 * kReadChunk, 4);  // aligned ends, the file's end after them
+      for (int i = 0; i < 6; ++i) {
+        const uint64_t off = rng() % size;
+        const uint64_t n = 1 + rng() % (size - off);
+        expect_range(f, direct, congruent, off, n, 1 + static_cast<int>(rng() % 4));
+      }
+    }
+  }
+}
+
+TEST(FileReads, AFileShorterThanTheRangeIsAnErrorNamingIt) {
+  TempFile f("/tmp", 10000, 7);
+  const int fd = ::open(f.path.c_str(), O_RDONLY);
+  std::vector<char> dst(20000);
+  for (int dfd : {open_direct(fd), -1}) {
+    try {
+      read_range(fd, dfd, f.path, 5000, dst.data(), 6000);
+      ADD_FAILURE() << "no error";
+    } catch (const ResourceError& e) {
+      EXPECT_NE(std::string(e.what()).find(f.path + ": the file ends at 10000"), std::string::npos) << e.what();
+    }
+    if (dfd >= 0) ::close(dfd);
+  }
+  ::close(fd);
+}
+
+TEST(FileReads, BufferedReadsLeaveNothingCached) {
+  // Note [File reads]: after a buffered read the range is dropped from the page cache.
+  TempFile f("/tmp", 4 << 20, 11);
+  const int fd = ::open(f.path.c_str(), O_RDONLY);
+  std::vector<char> dst(4 << 20);
+  read_range(fd, -1, f.path, 0, dst.data(), dst.size(), 2);
+  void* map = ::mmap(nullptr, dst.size(), PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  std::vector<unsigned char> resident(dst.size() / 4096);
+  ASSERT_EQ(0, ::mincore(map, dst.size(), resident.data()));
+  size_t cached = 0;
+  for (unsigned char r : resident) cached += r & 1;
+  ::munmap(map, dst.size());
+  ::close(fd);
+  EXPECT_EQ(cached, 0u) << cached << " of " << resident.size() << " pages still cached";
+}
+
+TEST(MappedFiles, FindsRangesOnlyInsideALiveMapping) {
+  TempFile f("/tmp", 3 * 4096 + 100, 3);
+  FileRange r;
+  const char* base = nullptr;
+  {
+    auto m = MappedFile::open(f.path);
+    base = m->data();
+    EXPECT_EQ(file_fill_stats().mapped_files >= 1, true);
+    ASSERT_TRUE(find_mapped(base + 10, 100, r));
+    EXPECT_EQ(r.offset, 10u);
+    EXPECT_EQ(r.file.get(), m.get());
+    r.file.reset();
+    EXPECT_TRUE(find_mapped(base, m->size(), r));
+    r.file.reset();
+    EXPECT_FALSE(find_mapped(base + 10, m->size(), r));  // runs past the end
+    EXPECT_FALSE(find_mapped(base - 1, 2, r));
+  }
+  EXPECT_FALSE(find_mapped(base + 10, 100, r));  // unmapped with its last holder
+  EXPECT_THROW(MappedFile::open("/nonexistent/pins.safetensors"), ResourceError);
+}
+
+TEST(MappedFiles, AWrittenPageStopsTheFileFromBeingRead) {
+  TempFile f("/tmp", 5 * 4096, 5);
+  auto m = MappedFile::open(f.path);
+  char* p = m->data();
+  EXPECT_TRUE(pages_unwritten(p, m->size()));  // nothing touched yet
+  volatile char sink = p[4096 * 2 + 7];        // read: a page of the page cache
+  (void)sink;
+  EXPECT_TRUE(pages_unwritten(p, m->size()));
+  std::vector<char> dst(4096 * 3);
+  const FileFillStats before = file_fill_stats();
+  ASSERT_TRUE(fill_from_file(p + 4096, dst.size(), dst.data()));
+  EXPECT_EQ(0, std::memcmp(dst.data(), f.bytes.data() + 4096, dst.size()));
+  EXPECT_EQ(file_fill_stats().fills, before.fills + 1);
+  EXPECT_EQ(file_fill_stats().bytes, before.bytes + dst.size());
+
+  p[4096 * 3 + 1] = static_cast<char>(p[4096 * 3 + 1] ^ 0xff);  // an in-place write: copy-on-write
+  EXPECT_FALSE(pages_unwritten(p + 4096, dst.size()));
+  EXPECT_TRUE(pages_unwritten(p, 4096 * 3));  // the other pages still hold the file's bytes
+  EXPECT_FALSE(fill_from_file(p + 4096, dst.size(), dst.data()));
+  EXPECT_EQ(file_fill_stats().written, before.written + 1);
+  // The file itself never changed.
+  std::ifstream in(f.path, std::ios::binary);
+  std::string now((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(now, f.bytes);
+  // Memory no mapping holds is not a file's.
+  std::vector<char> heap(100);
+  EXPECT_FALSE(fill_from_file(heap.data(), heap.size(), dst.data()));
+}
+
+}  // namespace
+}  // namespace pins::files
