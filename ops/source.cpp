@@ -5,7 +5,9 @@
 
 #include <algorithm>
 
+#include "csrc/files/mapped.h"
 #include "ops/allocator/torch_allocator.h"
+#include "ops/common.h"
 
 namespace pins::ops {
 namespace {
@@ -107,6 +109,14 @@ at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optiona
 at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like) {
   return at::from_blob(static_cast<char*>(lease.data()) + offset, like.sizes(),
                        like.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+void fill_pin(const at::Tensor& pin, const at::Tensor& source) {
+  if (source.is_contiguous()) {
+    const uint64_t n = source.numel() * source.element_size();
+    if (translate([&] { return files::fill_from_file(source.const_data_ptr(), n, pin.mutable_data_ptr()); })) return;
+  }
+  pin.copy_(source);
 }
 
 void fence(const Lease& lease, c10::Device device, bool non_blocking) {

@@ -47,6 +47,11 @@ at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optiona
 // dtype as `like`.
 at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like);
 
+// Fills `pin` (a pin_view) with `source`'s bytes: from the file the source is
+// mapped from, where Note [File-backed pins] (csrc/files/mapped.h) allows it,
+// else copied from memory. A read error is a c10::Error naming the file.
+void fill_pin(const at::Tensor& pin, const at::Tensor& source);
+
 // Fences the pin behind `lease` against the copies just queued on `device`'s
 // current stream (non_blocking copies to a non-CPU device only): it is neither
 // evicted nor reused until the stream passes them.

@@ -13,6 +13,7 @@
 #include <pins/ops/configure.h>            // IWYU pragma: export
 #include <pins/ops/free_pins.h>            // IWYU pragma: export
 #include <pins/ops/invalidate.h>           // IWYU pragma: export
+#include <pins/ops/load_file.h>            // IWYU pragma: export
 #include <pins/ops/models.h>               // IWYU pragma: export
 #include <pins/ops/prompt.h>               // IWYU pragma: export
 #include <pins/ops/stats.h>                // IWYU pragma: export

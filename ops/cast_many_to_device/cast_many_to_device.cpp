@@ -139,7 +139,7 @@ std::vector<at::Tensor> cast_many_to_device_kernel(at::TensorList sources, c10::
     if (lease && lease.needs_fill()) {
       PINS_RANGE("pins::fill");
       for (size_t i = 0; i < sources.size(); ++i)
-        if (bytes[i] != 0) pin_view(lease, offsets[i], sources[i]).copy_(sources[i]);
+        if (bytes[i] != 0) fill_pin(pin_view(lease, offsets[i], sources[i]), sources[i]);
       lease.filled();
     }
     std::vector<at::Tensor> out;
@@ -159,7 +159,7 @@ std::vector<at::Tensor> cast_many_to_device_kernel(at::TensorList sources, c10::
     if (lease.needs_fill()) {
       PINS_RANGE("pins::fill");
       for (size_t i = 0; i < sources.size(); ++i)
-        if (bytes[i] != 0) pin_view(lease, offsets[i], sources[i]).copy_(sources[i]);
+        if (bytes[i] != 0) fill_pin(pin_view(lease, offsets[i], sources[i]), sources[i]);
       lease.filled();
     }
     staged.copy_(at::from_blob(lease.data(), {static_cast<int64_t>(total)}, at::TensorOptions().dtype(at::kByte)),

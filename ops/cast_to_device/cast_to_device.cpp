@@ -10,7 +10,9 @@
 // refusal of the budget or the pool, a pin busy being filled or evicted by
 // another thread, a race with another thread pinning the same source, a model
 // forgotten meanwhile, a pin whose page-lock is being dropped. A new pin is
-// filled from the source (as raw bytes, in the source's dtype), then the pin is
+// filled from the source (as raw bytes, in the source's dtype; from its file
+// when the source is a mapped file's unwritten bytes, Note [File-backed pins]
+// in csrc/files/mapped.h), then the pin is
 // copied to the device (non_blocking when asked, with a fence recorded on the
 // device's current stream so the pin is neither evicted nor reused until the
 // copy is done; the lease, alive until after the fence is recorded, announced
@@ -73,7 +75,7 @@ at::Tensor pinned_or_source(Lease& lease, const at::Tensor& source) {
   at::Tensor pin = pin_view(lease, 0, source);
   if (lease.needs_fill()) {
     PINS_RANGE("pins::fill");
-    pin.copy_(source);
+    fill_pin(pin, source);
     lease.filled();
   }
   return pin;

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "csrc/files/mapped.h"
 #include "ops/common.h"
 
 namespace pins::ops {
@@ -164,6 +165,13 @@ c10::Dict<std::string, int64_t> stats_kernel() {
     d.insert("pool_deferred_frees", ps.deferred_frees);
     d.insert(std::string("backend.") + ps.backend, 1);
     d.insert("monitor", rt.monitor_running() ? 1 : 0);
+    // Note [File-backed pins] (csrc/files/mapped.h).
+    const files::FileFillStats fs = files::file_fill_stats();
+    d.insert("file_fills", static_cast<int64_t>(fs.fills));
+    d.insert("file_fill_bytes", static_cast<int64_t>(fs.bytes));
+    d.insert("file_fills_direct", static_cast<int64_t>(fs.direct));
+    d.insert("file_fills_written", static_cast<int64_t>(fs.written));
+    d.insert("mapped_files", static_cast<int64_t>(fs.mapped_files));
     return d;
   });
 }

@@ -8,6 +8,7 @@ namespace pins::bench {
 int alloc_main(const std::vector<std::string>& args);
 int fill_main(const std::vector<std::string>& args);
 int balancer_main(const std::vector<std::string>& args);
+int load_main(const std::vector<std::string>& args);
 #ifdef PINS_BENCH_WITH_TORCH
 int cast_main(const std::vector<std::string>& args);
 int lowvram_main(const std::vector<std::string>& args);
@@ -39,6 +40,13 @@ const Benchmark kBenchmarks[] = {
      "  --policies LIST   of mru, lru, trace, comma-separated (default: mru,trace,lru)\n"
      "  --reps N          repetitions; medians count (default: 5)\n"
      "  --decisions K     decisions timed per repetition, averaged (default: 20)\n"},
+    {"load", &pins::bench::load_main,
+     "a weight read from its file into a pin (O_DIRECT where the filesystem allows it), and copied through a "
+     "mapping, against a raw sequential O_DIRECT read of the same file",
+     "  --size SIZE   bytes of the file, Note [Size syntax] (default: 1G); uses about 2x SIZE of RAM and SIZE of disk\n"
+     "  --dir DIR     where the file is written, then removed (default: the current directory)\n"
+     "  --reps N      repetitions; medians count (default: 3)\n"
+     "  --threads N   threads of the fill (default: files::kReadThreads, 4)\n"},
 #ifdef PINS_BENCH_WITH_TORCH
     {"cast", &pins::bench::cast_main,
      "the pins::cast_to_device op: a hit on a 4 KiB pin and model=-1 against clone(), a 512 MiB hit against "

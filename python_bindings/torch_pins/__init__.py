@@ -30,6 +30,7 @@ raises ``ValueError``; a request that cannot be served in the current state
 ``RuntimeError``. Both say what was wrong and the value it got.
 """
 import contextlib
+import os
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 import torch
@@ -43,7 +44,8 @@ from . import _subclass  # noqa: E402  (tensor wrapper subclasses: Note [Wrapper
 
 __all__ = [
     "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "end_node", "prompt",
-    "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "stats", "Stats",
+    "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "load_file", "stats",
+    "Stats",
     "summary", "configure", "library_path", "__version__",
 ]
 
@@ -210,6 +212,20 @@ def invalidate(source: torch.Tensor) -> int:
     if _subclass.is_wrapper(source):
         return sum(int(_ops.invalidate(t)) for t in _subclass.inner_tensors(source) if t.device.type == "cpu")
     return _ops.invalidate(source)
+
+
+def load_file(path: Union[str, "os.PathLike[str]"]) -> Dict[str, torch.Tensor]:
+    """The tensors of the safetensors file at ``path``, by name, in the order of
+    their bytes in the file: CPU tensors over a private (copy-on-write) mapping
+    of the file, as a loader gives them to an application; writing to them
+    never changes the file. pins knows where each one lives in the file: a new
+    pin of one is filled from the file (O_DIRECT where the filesystem allows it)
+    rather than through the mapping, so the weight is not held a second time in
+    the page cache; once a tensor is written in place, its pin is filled from
+    memory instead (``stats()["file_fills_written"]``). A malformed file raises
+    ``ValueError`` naming the file and the field; one that cannot be opened,
+    ``RuntimeError`` naming the path."""
+    return dict(_ops.load_file(os.fspath(path)))
 
 
 def invalidate_model(model: int) -> int:

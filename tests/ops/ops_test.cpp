@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <string>
@@ -43,6 +45,7 @@ const std::set<std::string> kOps = {
     "cast_many_to_device",
     "invalidate",
     "invalidate_model",
+    "load_file",
     "free_pins",
     "stats",
     "summary",
@@ -76,6 +79,7 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_NO_THROW(handle("pins::cast_many_to_device").typed<decltype(pins::ops::cast_many_to_device)>());
   EXPECT_NO_THROW(handle("pins::invalidate").typed<decltype(pins::ops::invalidate)>());
   EXPECT_NO_THROW(handle("pins::invalidate_model").typed<decltype(pins::ops::invalidate_model)>());
+  EXPECT_NO_THROW(handle("pins::load_file").typed<decltype(pins::ops::load_file)>());
   EXPECT_NO_THROW(handle("pins::summary").typed<decltype(pins::ops::summary)>());
   EXPECT_NO_THROW(handle("pins::free_pins").typed<decltype(pins::ops::free_pins)>());
   EXPECT_NO_THROW(handle("pins::stats").typed<decltype(pins::ops::stats)>());
@@ -262,6 +266,37 @@ TEST(PinsOps, NodeBoundaryInvalidateModelAndFastDisk) {
   EXPECT_EQ(stat(model_key(m, "pins")), 0);
   pins::ops::end_prompt();
   pins::ops::forget_model(m);
+}
+
+// A safetensors file written by hand (Note [Safetensors layout]): load_file's
+// tensors through the dispatcher, and a new pin of one filled from the file.
+TEST(PinsOps, LoadFileAndAPinFilledFromTheFile) {
+  const std::string path = ::testing::TempDir() + "pins_ops_load_file.safetensors";
+  const std::string json = R"({"b":{"dtype":"F32","shape":[3],"data_offsets":[8,20]},)"
+                           R"("a":{"dtype":"I16","shape":[2,2],"data_offsets":[0,8]}})";
+  {
+    std::ofstream f(path, std::ios::binary);
+    const uint64_t n = json.size();
+    for (int i = 0; i < 8; ++i) f.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    f << json;
+    const int16_t a[4] = {1, -2, 3, -4};
+    const float b[3] = {0.5f, -1.25f, 3.0f};
+    f.write(reinterpret_cast<const char*>(a), sizeof a).write(reinterpret_cast<const char*>(b), sizeof b);
+  }
+  const c10::Dict<std::string, at::Tensor> d = pins::ops::load_file(path);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d.begin()->key(), "a");  // in the order of their bytes
+  EXPECT_TRUE(at::equal(d.at("a"), at::tensor({1, -2, 3, -4}, at::kShort).view({2, 2})));
+  const at::Tensor b = d.at("b");
+  EXPECT_TRUE(at::equal(b, at::tensor({0.5f, -1.25f, 3.0f})));
+  const int64_t m = pins::ops::register_model("load-file", at::Device(at::kCPU));
+  const int64_t fills = pins::ops::stats().at("file_fills");
+  EXPECT_TRUE(at::equal(pins::ops::cast_to_device(b, at::Device(at::kCPU), at::kDouble, false, m),
+                        at::tensor({0.5, -1.25, 3.0}, at::kDouble)));
+  EXPECT_EQ(pins::ops::stats().at("file_fills"), fills + 1);
+  pins::ops::forget_model(m);
+  EXPECT_THROW(pins::ops::load_file(path + ".missing"), c10::Error);
+  std::remove(path.c_str());
 }
 
 TEST(PinsOps, StatsByNameBypassesAndSummary) {

@@ -4,7 +4,7 @@ import torch
 
 # Every op of the pins namespace has an opcheck below.
 CHECKED = {"cast_to_device", "cast_many_to_device", "register_model", "forget_model", "set_active", "mark_prompt",
-           "end_prompt", "end_node", "invalidate", "invalidate_model", "free_pins", "stats", "summary", "configure"}
+           "end_prompt", "end_node", "invalidate", "invalidate_model", "load_file", "free_pins", "stats", "summary", "configure"}
 # Overloads besides "default": cast_to_device's out= variant.
 OVERLOADS = {"cast_to_device": ["default", "out"]}
 
@@ -113,6 +113,15 @@ def test_opcheck_control_ops(pins, model, name, args):
         utils = utils[:3]
     torch.library.opcheck(getattr(torch.ops.pins, name).default, args, test_utils=utils)
     pins.end_prompt()
+
+
+def test_opcheck_load_file(pins, tmp_path):
+    import safetensors.torch
+    path = str(tmp_path / "w.safetensors")
+    safetensors.torch.save_file({"w": torch.randn(4, 3)}, path)
+    # Each call maps the file anew (new storages); the schema and autograd checks apply.
+    torch.library.opcheck(torch.ops.pins.load_file.default, (path,),
+                          test_utils=("test_schema", "test_autograd_registration"))
 
 
 def test_opcheck_forget_model(pins):

@@ -172,6 +172,22 @@ def test_bench_fill_ends_with_its_ratios():
     assert "extents committed 2, decommitted 2 over 2 pins" in "\n".join(lines[cold:cold + 6]), stdout
 
 
+def test_bench_load_reads_the_file_once_and_leaves_no_second_copy(tmp_path):
+    stdout, figures = run_bench("load", "--size", "24M", "--reps", "2", "--dir", str(tmp_path))
+    assert set(figures) == {"load_ratio", "direct_ratio", "mmap_ratio", "cached_after_pins_pct",
+                            "cached_after_mmap_pct"}
+    assert figures["load_ratio"] > 0 and figures["direct_ratio"] > 0 and figures["mmap_ratio"] > 0, figures
+    # Note [File reads]: a fill from the file leaves (almost) nothing in the page cache; a copy through the
+    # mapping leaves the whole range there. Only where the kernel drops a file's pages at all (a tmpfs
+    # holds them whatever it is told; the benchmark counts them before each read).
+    if "(at most 0 of" in stdout:
+        assert figures["cached_after_pins_pct"] < 1.0, stdout
+        assert figures["cached_after_mmap_pct"] > 90.0, stdout
+    if "O_DIRECT available" in stdout:
+        assert "fills from the file: 2, 2 with O_DIRECT" in stdout, stdout
+    assert os.listdir(tmp_path) == [], "the benchmark's file was not removed"
+
+
 def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
     stdout, figures = run_bench("balancer", "--pins", "40,80", "--reps", "2", "--decisions", "3")
     expected = {"floor_growth"}  # the index floor under every policy's growth, measured in the same run

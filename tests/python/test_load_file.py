@@ -1,0 +1,164 @@
+"""pins.load_file (ops/load_file/) and file-backed pins (Note [File-backed pins]
+in csrc/files/mapped.h): a safetensors file's tensors as its own reader gives
+them, a new pin filled from the file, never from a stale file, and malformed
+files refused with the file and the field named."""
+import gc
+import json
+import struct
+
+import pytest
+import torch
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def write_safetensors(path, header: dict, data: bytes) -> str:
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+    return str(path)
+
+
+@pytest.fixture
+def weights(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    tensors = {
+        "blk.0.w": torch.randn(256, 384, generator=gen).half(),
+        "blk.0.b": torch.randn(384, generator=gen),
+        "blk.1.w": torch.randn(300, 129, generator=gen).to(torch.bfloat16),  # an odd size: unaligned offsets after it
+        "steps": torch.arange(7, dtype=torch.int64),
+        "mask": torch.rand(33, generator=gen) > 0.5,
+        "fp8": torch.randn(64, 8, generator=gen).to(torch.float8_e4m3fn),
+        "empty": torch.empty(0, 5),
+    }
+    path = str(tmp_path / "model.safetensors")
+    safetensors_torch.save_file(tensors, path, metadata={"format": "pt"})
+    return path, tensors
+
+
+def test_tensors_equal_safetensors_own_reader(pins, weights):
+    path, tensors = weights
+    ours = pins.load_file(path)
+    theirs = safetensors_torch.load_file(path)
+    assert set(ours) == set(theirs) == set(tensors)
+    for name, t in ours.items():
+        assert t.dtype == theirs[name].dtype and t.shape == theirs[name].shape, name
+        assert t.device.type == "cpu" and t.is_contiguous()
+        assert torch.equal(t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t,
+                           theirs[name].view(torch.uint8) if t.dtype == torch.float8_e4m3fn else theirs[name]), name
+    # In the order of their bytes in the file.
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    order = sorted((v["data_offsets"], k) for k, v in header.items() if k != "__metadata__")
+    assert list(ours) == [k for _, k in order]
+
+
+def test_a_new_pin_is_filled_from_the_file_bit_exact(pins, model, weights):
+    path, tensors = weights
+    loaded = pins.load_file(path)
+    before = pins.stats()
+    for name in ("blk.0.w", "blk.1.w", "steps"):
+        out = pins.cast_to_device(loaded[name], "cpu", model=model)
+        assert torch.equal(out, tensors[name]), name
+    after = pins.stats()
+    assert after["file_fills"] - before["file_fills"] == 3
+    assert after["file_fill_bytes"] - before["file_fill_bytes"] == sum(
+        tensors[n].numel() * tensors[n].element_size() for n in ("blk.0.w", "blk.1.w", "steps"))
+    # The second cast is a hit on the pin: no read.
+    out = pins.cast_to_device(loaded["blk.1.w"], "cpu", torch.float32, model=model)
+    assert torch.equal(out, tensors["blk.1.w"].float())
+    assert pins.stats()["file_fills"] == after["file_fills"]
+    assert pins.stats()[f"model.{model}.hits"] == 1
+    # A layer of several tensors in one pin, each part from its place in the file.
+    outs = pins.cast_many_to_device([loaded["blk.0.b"], loaded["mask"]], "cpu", model=model)
+    assert torch.equal(outs[0], tensors["blk.0.b"]) and torch.equal(outs[1], tensors["mask"])
+    assert pins.stats()["file_fills"] == after["file_fills"] + 2
+
+
+def test_a_tensor_written_in_place_is_pinned_from_memory(pins, model, weights):
+    path, tensors = weights
+    loaded = pins.load_file(path)
+    w = loaded["blk.0.w"]
+    w[3].add_(1)  # ComfyUI's in-place patch, before the first cast
+    before = pins.stats()
+    out = pins.cast_to_device(w, "cpu", model=model)
+    expected = tensors["blk.0.w"].clone()
+    expected[3].add_(1)
+    assert torch.equal(out, expected), "the pin served the file's stale bytes"
+    after = pins.stats()
+    assert after["file_fills_written"] == before["file_fills_written"] + 1
+    assert after["file_fills"] == before["file_fills"]
+    # The file itself is untouched: the mapping is private.
+    assert torch.equal(safetensors_torch.load_file(path)["blk.0.w"], tensors["blk.0.w"])
+
+
+def test_inference_mode_loads_and_pins_from_the_file(pins, model, weights):
+    path, tensors = weights
+    with torch.inference_mode():
+        loaded = pins.load_file(path)
+        assert loaded["blk.0.w"].is_inference()
+        before = pins.stats()["file_fills"]
+        out = pins.cast_to_device(loaded["blk.0.w"], "cpu", model=model)
+    assert torch.equal(out, tensors["blk.0.w"])
+    assert pins.stats()["file_fills"] == before + 1
+
+
+def test_the_mapping_lives_as_long_as_a_tensor(pins, weights):
+    path, tensors = weights
+    start = pins.stats()["mapped_files"]
+    loaded = pins.load_file(path)
+    keep = loaded["steps"]
+    assert pins.stats()["mapped_files"] == start + 1
+    del loaded
+    gc.collect()
+    assert pins.stats()["mapped_files"] == start + 1, "a tensor still uses the mapping"
+    assert torch.equal(keep, tensors["steps"])
+    del keep
+    gc.collect()
+    assert pins.stats()["mapped_files"] == start
+
+
+def test_torchscript_calls_the_op(pins, weights):
+    path, tensors = weights
+
+    @torch.jit.script
+    def first_weight(p: str) -> torch.Tensor:
+        return torch.ops.pins.load_file(p)["blk.0.w"]
+
+    assert torch.equal(first_weight(path), tensors["blk.0.w"])
+
+
+@pytest.mark.parametrize("header,data,says", [
+    ({"w": {"dtype": "F16", "shape": [2], "data_offsets": [0, 6]}}, b"\0" * 6, "needs 4"),
+    ({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, 'dtype: unknown dtype "Q4"'),
+    ({"w": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 3, "past the end of the data section"),
+    ({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+      "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]}}, b"\0" * 6, 'overlap tensor "a"'),
+    ({"w": {"dtype": "F32", "shape": [2 ** 40, 2 ** 40], "data_offsets": [0, 4]}}, b"\0" * 4, "overflows 64 bits"),
+    ({"w": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}}, b"\0" * 3, "has no torch dtype"),
+])
+def test_malformed_files_raise_value_error_naming_file_and_field(pins, tmp_path, header, data, says):
+    path = write_safetensors(tmp_path / "bad.safetensors", header, data)
+    with pytest.raises(ValueError) as e:
+        pins.load_file(path)
+    assert path in str(e.value) and says in str(e.value), str(e.value)
+
+
+def test_truncated_and_bad_json_and_missing_files(pins, tmp_path):
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"\x05\0\0")
+    with pytest.raises(ValueError, match="shorter than the 8-byte header length"):
+        pins.load_file(short)
+    past = tmp_path / "past.safetensors"
+    past.write_bytes(struct.pack("<Q", 1 << 20) + b"{}")
+    with pytest.raises(ValueError, match="runs past the end of the file"):
+        pins.load_file(past)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", 5) + b"{'w':")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        pins.load_file(bad)
+    with pytest.raises(RuntimeError, match="nothing-here.safetensors: cannot open"):
+        pins.load_file(tmp_path / "nothing-here.safetensors")
+    with pytest.raises(ValueError, match="load_file: path must name a file"):
+        pins.load_file("")
