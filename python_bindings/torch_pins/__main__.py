@@ -98,6 +98,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.main(demo_args)
 
 
+# The commands whose arguments all go to another tool: run, the argument list's
+# name, its usage word, help and description.
+PASSTHROUGH = {
+    "simulate": (cmd_simulate, "sim_args", "PINS_SIM_ARGS", "run the workflow simulator pins-sim (arguments go to it)",
+                 "Runs pins-sim, the workflow simulator (docs/SIMULATOR.md), with the arguments that follow: "
+                 "`python -m torch_pins simulate -- --help` lists its own. pins-sim is a C++ executable of the "
+                 "source tree (make build puts it in build/bin), not part of the wheel; it is found through "
+                 "$PINS_SIM, the build/bin of the checkout this package is in, or PATH."),
+    "demo": (cmd_demo, "demo_args", "DEMO_ARGS",
+             "what `make demo` runs: a workflow replayed through pins on real files (arguments go to it)",
+             "Runs torch_pins.demo, what `make demo` runs: a workflow trace replayed layer by layer through pins on "
+             "real safetensors files, per policy and without pins, beside pins-sim's prediction. `python -m "
+             "torch_pins demo -- --help` lists its options. It needs pins-sim (found as for simulate) and, with the "
+             "default trace, a clone of the repository."),
+}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m torch_pins",
@@ -110,24 +127,11 @@ def parser() -> argparse.ArgumentParser:
                                        "(PINS_CONF), backend and every counter of pins.stats().")
     stats.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     stats.set_defaults(run=cmd_stats)
-    simulate = sub.add_parser(
-        "simulate", help="run the workflow simulator pins-sim (arguments go to it)",
-        description="Runs pins-sim, the workflow simulator (docs/SIMULATOR.md), with the arguments that follow: "
-                    "`python -m torch_pins simulate -- --help` lists its own. pins-sim is a C++ executable of the "
-                    "source tree (make build puts it in build/bin), not part of the wheel; it is found through "
-                    "$PINS_SIM, the build/bin of the checkout this package is in, or PATH.",
-        usage="python -m torch_pins simulate [-h] [--] PINS_SIM_ARGS...")
-    simulate.add_argument("sim_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    simulate.set_defaults(run=cmd_simulate)
-    demo = sub.add_parser(
-        "demo", help="what `make demo` runs: a workflow replayed through pins on real files (arguments go to it)",
-        description="Runs torch_pins.demo, what `make demo` runs: a workflow trace replayed layer by layer through "
-                    "pins on real safetensors files, per policy and without pins, beside pins-sim's prediction. "
-                    "`python -m torch_pins demo -- --help` lists its options. It needs pins-sim (found as for "
-                    "simulate) and, with the default trace, a clone of the repository.",
-        usage="python -m torch_pins demo [-h] [--] DEMO_ARGS...")
-    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    demo.set_defaults(run=cmd_demo)
+    for name, (run, dest, usage, help_text, description) in PASSTHROUGH.items():
+        cmd = sub.add_parser(name, help=help_text, description=description,
+                             usage=f"python -m torch_pins {name} [-h] [--] {usage}...")
+        cmd.add_argument(dest, nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        cmd.set_defaults(run=run)
     return p
 
 
@@ -138,12 +142,11 @@ def _version() -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Everything after `simulate` is pins-sim's, options included; argparse
-    # would take them for its own.
-    if argv[:1] == ["simulate"] and argv[1:] not in (["-h"], ["--help"]):
-        return cmd_simulate(argparse.Namespace(sim_args=argv[1:]))
-    if argv[:1] == ["demo"] and argv[1:] not in (["-h"], ["--help"]):
-        return cmd_demo(argparse.Namespace(demo_args=argv[1:]))
+    # Everything after `simulate` (`demo`) is pins-sim's (the demo's), options
+    # included; argparse would take them for its own.
+    if argv[:1] and argv[0] in PASSTHROUGH and argv[1:] not in (["-h"], ["--help"]):
+        run, dest = PASSTHROUGH[argv[0]][:2]
+        return run(argparse.Namespace(**{dest: argv[1:]}))
     args = parser().parse_args(argv)
     try:
         return args.run(args)
