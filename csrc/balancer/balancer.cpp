@@ -478,11 +478,15 @@ MemoryInfo Balancer::memory(bool fresh) {
 // idle memory never takes available RAM below the RAM-pressure line, where it
 // would be memory the page cache could hold, and relieve() gives it back
 // before it evicts any pin. A registration ceiling that is hit drops idle
-// extents before it drops any pin's page-lock.
+// extents before it drops any pin's page-lock. A reading of no available RAM
+// at all gives every idle byte back whatever the line: it cannot say how far
+// past the RAM the process is (a new pin the idle extents could not hold was
+// committed fresh), and with a line of 0 (headroom:0) nothing else would.
 void Balancer::keep_warm(const MemoryInfo& mi, uint64_t line) {
   const uint64_t idle = pool_.idle_bytes();
   const uint64_t room = idle + mi.available;  // available once the idle bytes went back
-  const uint64_t keep = std::max<uint64_t>(pool_.options().retain_free, room > line ? room - line : 0);
+  const uint64_t warm = mi.available == 0 ? 0 : room > line ? room - line : 0;
+  const uint64_t keep = std::max<uint64_t>(pool_.options().retain_free, warm);
   pool_.set_retain_free(static_cast<size_t>(keep));
   if (idle > keep) pool_.trim(static_cast<size_t>(keep));
 }

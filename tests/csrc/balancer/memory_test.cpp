@@ -59,15 +59,15 @@ Config config() {
 }
 
 struct Fixture {
-  Fixture(uint64_t room_pins, int64_t max_age_ns)
-      : pool(make_null_backend(), pool_opts()), probe(pool, 2 * GiB + room_pins * U, max_age_ns), bal(config(), pool, probe) {
+  Fixture(uint64_t room_pins, int64_t max_age_ns, Config c = config(), uint64_t reserve = 2 * GiB)
+      : pool(make_null_backend(), pool_opts()), probe(pool, reserve + room_pins * U, max_age_ns), bal(c, pool, probe) {
     model = bal.register_model("m", "cuda:0");
   }
-  bool cast(uint64_t key) {
+  bool cast(uint64_t key, uint64_t bytes = U) {
     Request r;
     r.model = model;
-    r.key = PinKey{key, 0, U};
-    r.bytes = U;
+    r.key = PinKey{key, 0, bytes};
+    r.bytes = bytes;
     Lease l = bal.acquire(r);
     if (!l) return false;
     if (l.needs_fill()) l.filled();
@@ -134,6 +134,23 @@ TEST(BalancerWarmMemory, BelowTheHeadroomFreeGivesTheMemoryBack) {
   EXPECT_EQ(f.bal.free(2 * U), 2 * U);
   EXPECT_EQ(f.pool.idle_bytes(), 0u) << "idle memory never holds available RAM below the headroom";
   EXPECT_EQ(f.pool.committed_bytes(), 2 * U);
+}
+
+// With headroom:0 and pin_reserve:0 the line is 0: a pin larger than any idle
+// extent commits fresh memory while the idle extents it was counted on stay
+// committed. A reading of no available RAM gives them back, so the pool never
+// stays past the RAM it was given (it did: 6U committed of 4U).
+TEST(BalancerWarmMemory, WithNoHeadroomIdleMemoryGoesBackWhenNothingIsAvailable) {
+  Config c = config();
+  c.headroom = 0;
+  c.pin_reserve = 0;
+  Fixture f(/*room_pins=*/4, /*max_age_ns=*/0, c, /*reserve=*/0);
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_EQ(f.pool.committed_bytes(), 4 * U);
+  ASSERT_TRUE(f.cast(10, 2 * U));  // evicts two pins of U for one of 2U
+  EXPECT_EQ(f.bal.stats().total.evictions_all(), 2);
+  EXPECT_LE(f.pool.committed_bytes(), 4 * U) << "idle " << f.pool.idle_bytes();
+  EXPECT_EQ(f.bal.stats().total.bytes, 4 * static_cast<int64_t>(U));
 }
 
 }  // namespace
