@@ -255,6 +255,7 @@ void Balancer::end_prompt() {
       drop_if_locked(*m, Subset::Patches, [](const Pin& p) { return p.state != PinState::Evicting; }, blocks);
     }
     trace_.end_prompt();  // Note [Trace policy]: this prompt's record becomes the reference
+    reuse_.end_prompt(clock_);
   }
   free_blocks(blocks);
 }
@@ -280,6 +281,7 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
   Lease found;  // a hit, or none with `served` for a pin busy elsewhere
   bool served = false;
   uint64_t settled_at_read = 0;  // Note [Budget reservation]: before the reading below
+  ReuseHistory::Learned learned;  // Note [Reuse policy]: the key's history, for its pin
   {
     MutexLock g(mu_);
     Model& m = model_locked(r.model, r.op);
@@ -291,6 +293,7 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
     settled_at_read = settled_;
     if (config_.policy == PolicyKind::Trace) trace_.record({r.model, r.kind, r.key});
     m.last_use = ++clock_;
+    if (config_.policy == PolicyKind::Reuse) learned = reuse_.record({r.model, r.kind, r.key}, clock_);
     const Subset ss = streaming_subset(r.kind), cs = cache_subset(r.kind);
     // DESIGN.md: the streaming subset first, then an existing -loaded pin,
     // whatever the mode.
@@ -313,6 +316,8 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
         p->last_use = clock_;
         node.key() = {p->last_use, p->created};
         by_use.insert(std::move(node));
+        p->reuse_loop = learned.loop;
+        p->reuse_gap = learned.gap;
         found.owner_ = this;
         found.pin_ = p;
         found.hit_ = true;
@@ -382,6 +387,8 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
       p->block = block;
       p->created = ++seq_;
       p->last_use = clock_;
+      p->reuse_loop = learned.loop;
+      p->reuse_gap = learned.gap;
       p->signature = r.signature;
       p->version = r.version;
       p->span = r.span;
@@ -578,7 +585,7 @@ bool Balancer::ensure_lock_room(size_t bytes, const MemoryInfo& mi) {
 }
 
 void Balancer::walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) const {
-  walk_eviction_order(models_, reach, config_.policy, trace_, visit);  // Note [Eviction walk]
+  walk_eviction_order(models_, reach, config_.policy, trace_, visit, {&reuse_, clock_});  // Note [Eviction walk]
 }
 
 size_t Balancer::free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line) {

@@ -177,6 +177,12 @@ class Balancer {
   static constexpr size_t kReclaimPerDecision = 8;
   static constexpr size_t kReclaimPerBoundary = 256;
 
+  // The simulator's clairvoyant reuse policy (ReuseHistory::set_future).
+  void set_reuse_future(ReuseHistory::Future future) PINS_EXCLUDES(mu_) {
+    MutexLock g(mu_);
+    reuse_.set_future(std::move(future));
+  }
+
   // ---- stats
   // COUNT and SUM totals never decrease: a forgotten model's counters stay in
   // the totals (retired_); levels drop.
@@ -275,6 +281,7 @@ class Balancer {
   uint64_t clock_ PINS_GUARDED_BY(mu_) = 0;  // accesses
   bool prompt_ PINS_GUARDED_BY(mu_) = false;
   TraceRecorder trace_ PINS_GUARDED_BY(mu_);  // recorded under the trace policy only
+  ReuseHistory reuse_ PINS_GUARDED_BY(mu_);   // recorded under the reuse policy only (Note [Reuse policy])
   // Global counters (BalancerStats).
   int64_t refusals_ PINS_GUARDED_BY(mu_) = 0;        // COUNT
   int64_t pressure_freed_ PINS_GUARDED_BY(mu_) = 0;  // SUM bytes freed by relieve()

@@ -16,7 +16,7 @@ int tier_of(Subset s, const Model& m) {
 int tier_of(const Pin& p, const Model& m) { return tier_of(p.subset, m); }
 
 std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyKind policy,
-                                      const TraceRecorder& trace) {
+                                      const TraceRecorder& trace, const ReuseView& reuse) {
   struct Row {
     Candidate c;
     const Model* m;
@@ -34,6 +34,15 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
     // Note [Trace policy]: farthest predicted next use first.
     for (Row& r : rows)
       r.next_use = trace.next_use({r.c.pin->model, is_patch(r.c.pin->subset) ? Kind::Patches : Kind::Weights, r.c.pin->key});
+    std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+      if ((a.c.tier == 5) != (b.c.tier == 5)) return b.c.tier == 5;  // active streaming pins last
+      if (a.next_use != b.next_use) return a.next_use > b.next_use;
+      if (a.c.pin->bytes != b.c.pin->bytes) return a.c.pin->bytes > b.c.pin->bytes;
+      return a.c.pin->created > b.c.pin->created;
+    });
+  } else if (policy == PolicyKind::Reuse && reuse.history != nullptr) {
+    // Note [Reuse policy]: farthest predicted next use first.
+    for (Row& r : rows) r.next_use = reuse.history->next_use(*r.c.pin, reuse.now, r.c.tier > 2);
     std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       if ((a.c.tier == 5) != (b.c.tier == 5)) return b.c.tier == 5;  // active streaming pins last
       if (a.next_use != b.next_use) return a.next_use > b.next_use;
@@ -61,10 +70,10 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
 }
 
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
-                         const std::function<bool(const Candidate&)>& visit) {
-  if (policy == PolicyKind::Trace && trace.following()) {
+                         const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse) {
+  if ((policy == PolicyKind::Trace && trace.following()) || (policy == PolicyKind::Reuse && reuse.history)) {
     // Predictions move with every access: no index keeps them (Note [Eviction walk]).
-    for (const Candidate& c : eviction_order(models, reach, policy, trace))
+    for (const Candidate& c : eviction_order(models, reach, policy, trace, reuse))
       if (!visit(c)) return;
     return;
   }

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "csrc/balancer/registry.h"
+#include "csrc/balancer/reuse.h"
 #include "csrc/balancer/trace.h"
 #include "csrc/runtime/config.h"
 
@@ -60,13 +61,18 @@ struct Candidate {
 
 // Every pin of `models` within `reach`, first to free first, as `policy` orders
 // them; `trace` gives the trace policy's predictions while it is followed.
+// The reuse policy's view: its history and the clock now (Note [Reuse policy]).
+struct ReuseView {
+  const ReuseHistory* history = nullptr;
+  uint64_t now = 0;
+};
 std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyKind policy,
-                                      const TraceRecorder& trace);
+                                      const TraceRecorder& trace, const ReuseView& reuse = {});
 
 // The same order (Note [Eviction walk]), handed to `visit` one candidate at a
 // time until it returns false. The models' by_created and by_use indexes must
 // list their pins. `visit` must not change the registry.
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
-                         const std::function<bool(const Candidate&)>& visit);
+                         const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse = {});
 
 }  // namespace pins

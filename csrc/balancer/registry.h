@@ -117,6 +117,8 @@ struct Pin {
   PinState state = PinState::Filling;
   int users = 0;                          // leases out (copies being issued)
   bool orphaned = false;                  // detached from its model; freed when users drops to 0
+  uint64_t reuse_loop = 0;                // reuse policy: its key's loop distance and prompt gap (Note [Reuse policy])
+  uint64_t reuse_gap = 0;
   size_t ring = SIZE_MAX;                 // its slot in the reclaim ring while linked (Note [Dead source reclaim])
 };
 

@@ -19,6 +19,7 @@ const char* to_string(PolicyKind k) {
     case PolicyKind::Mru: return "mru";
     case PolicyKind::Lru: return "lru";
     case PolicyKind::Trace: return "trace";
+    case PolicyKind::Reuse: return "reuse";
   }
   return "?";
 }
@@ -143,7 +144,7 @@ const std::map<std::string, Setter>& setters() {
     s["mlock"] = boolean(&Config::mlock);
     s["policy"] = [](Config& c, std::string_view v, std::string_view k) {
       c.policy = parse_enum<PolicyKind>(v, k, {{"mru", PolicyKind::Mru}, {"lru", PolicyKind::Lru},
-                                               {"trace", PolicyKind::Trace}});
+                                               {"trace", PolicyKind::Trace}, {"reuse", PolicyKind::Reuse}});
     };
     s["fast_disk"] = boolean(&Config::fast_disk);
     s["ceiling_min"] = fraction(&Config::ceiling_min);

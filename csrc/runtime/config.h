@@ -24,7 +24,7 @@
 
 namespace pins {
 
-enum class PolicyKind { Mru, Lru, Trace };
+enum class PolicyKind { Mru, Lru, Trace, Reuse };
 
 const char* to_string(PolicyKind k);
 

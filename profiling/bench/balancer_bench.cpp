@@ -209,7 +209,7 @@ int balancer_main(const std::vector<std::string>& args) {
     if (a.is("--pins")) {
       counts = a.positive_list();
     } else if (a.is("--policies")) {
-      policies = a.choice_list({"mru", "lru", "trace"});
+      policies = a.choice_list({"mru", "lru", "trace", "reuse"});
     } else if (a.is("--reps")) {
       reps = a.positive();
     } else if (a.is("--decisions")) {

@@ -48,6 +48,8 @@ TEST(Config, ParsesEveryKindOfValue) {
       "ceiling_max:0.5,retain_free:0,mlock:off,segment_size:1g,system_root:/tmp/fixture,");
   EXPECT_EQ(c.backend, BackendKind::Null);
   EXPECT_EQ(c.policy, PolicyKind::Trace);
+  EXPECT_EQ(parse_config("policy:reuse").policy, PolicyKind::Reuse);
+  EXPECT_EQ(parse_config(format_config(parse_config("policy:reuse"))).policy, PolicyKind::Reuse);
   EXPECT_TRUE(c.fast_disk);
   EXPECT_EQ(c.headroom, 6 * GiB);
   EXPECT_EQ(c.cap, 512 * MiB);
