@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <fstream>
 #include <stdexcept>
+#include <thread>
 
 #include "csrc/base/check.h"
 #include "csrc/runtime/config.h"
 #include "profiling/sim/report.h"
+#include "profiling/sim/suite.h"
 
 namespace pins::sim {
 
@@ -16,10 +18,12 @@ namespace {
 
 const char* kUsage =
     "usage: pins-sim --trace FILE [options]\n"
+    "       pins-sim --suite [--seed N] [--scenarios N] [--threads N] [--policy LIST] [--csv FILE] [--conf TEXT]\n"
     "Replays a workflow trace through the pin policies over a modelled machine (docs/SIMULATOR.md).\n"
     "  --trace FILE            the trace (JSON; profiling/traces/ holds the bundled ones)\n"
     "  --sequence NAME|all     which of the trace's sequences (default: its first)\n"
-    "  --policy LIST|all       lru, mru, trace, oracle, comma-separated (default: all)\n"
+    "  --policy LIST|all       lru, mru, trace, reuse, clairvoyant, oracle, oracle-pins, comma-separated\n"
+    "                          (default, all: lru, mru, trace, oracle; --suite: lru, mru, trace, reuse)\n"
     "  --runs N                runs to replay (default: the sequence's \"runs\")\n"
     "  --json                  print one JSON object instead of the table\n"
     "  --markdown              print the docs/SIMULATOR.md summary rows (--markdown-header: the header too)\n"
@@ -30,6 +34,12 @@ const char* kUsage =
     "  --conf TEXT             balancer configuration in PINS_CONF syntax, e.g. fast_disk:true\n"
     "  --no-relieve            no RAM-pressure check at node boundaries\n"
     "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n"
+    "  --suite                 replay the generated scenario suite instead of a trace (docs/SIMULATOR.md\n"
+    "                          \"The scenario suite\"): figures per policy against the oracle, mru and lru\n"
+    "  --seed N                the suite's seed (default 1)\n"
+    "  --scenarios N           the suite's size (default 200)\n"
+    "  --threads N             replay the suite on N threads (default: the hardware's)\n"
+    "  --write-trace I:FILE    write scenario I of the suite as a trace file (replay it with --trace)\n"
     "  -h, --help              print this text\n"
     "The plot: python profiling/sim/plot.py REPORT.json OUT.png, REPORT.json from --json.\n"
     "Exit status: 0 ok, 2 bad usage or an invalid trace (the message names the argument or the field).\n";
@@ -38,15 +48,25 @@ struct Options {
   std::string trace, sequence, params, csv, dump, conf;
   std::vector<std::string> policies, machine;
   int runs = 0;
+  bool suite = false;
+  uint64_t seed = 1;
+  int scenarios = 200, threads = 0;
+  std::string write_trace;
   bool help = false, json = false, markdown = false, markdown_header = false;
   ReplayOptions replay;
 };
 
-// The balancer's policies, by their PINS_CONF names, then Belady's oracle.
+// The balancer's policies, by their PINS_CONF names, then Belady's oracle
+// (Note [Simulator oracle]). --policy names the others on request: reuse, the
+// clairvoyant reuse policy (told every key's next use: what the best eviction
+// order achieves within the balancer's budget) and the pin-capacity oracle.
 const std::vector<std::string>& all_policies() {
   static const std::vector<std::string> names = {to_string(PolicyKind::Lru), to_string(PolicyKind::Mru),
                                                  to_string(PolicyKind::Trace), "oracle"};
   return names;
+}
+bool known_policy(const std::string& p) {
+  return p == "reuse" || p == "oracle-pins" || p == "clairvoyant" || std::find(all_policies().begin(), all_policies().end(), p) != all_policies().end();
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -59,6 +79,17 @@ std::vector<std::string> split(const std::string& s, char sep) {
     start = p + 1;
   }
   return out;
+}
+
+// An integer of at least `min`; the error names the argument and the value.
+long long positive(const std::string& arg, const std::string& v, long long min) {
+  try {
+    size_t used = 0;
+    const long long n = std::stoll(v, &used);
+    if (used == v.size() && n >= min) return n;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(arg + ": expected an integer of at least " + std::to_string(min) + ", got \"" + v + "\"");
 }
 
 Options parse_args(const std::vector<std::string>& args) {
@@ -75,8 +106,9 @@ Options parse_args(const std::vector<std::string>& args) {
       const std::string v = value();
       o.policies = v == "all" ? all_policies() : split(v, ',');
       for (const std::string& p : o.policies)
-        if (std::find(all_policies().begin(), all_policies().end(), p) == all_policies().end())
-          throw std::invalid_argument("--policy: expected lru, mru, trace, oracle or all, got \"" + p + "\"");
+        if (!known_policy(p))
+          throw std::invalid_argument(
+              "--policy: expected lru, mru, trace, reuse, clairvoyant, oracle, oracle-pins or all, got \"" + p + "\"");
     } else if (a == "--runs") {
       const std::string v = value();
       try {
@@ -86,7 +118,12 @@ Options parse_args(const std::vector<std::string>& args) {
       } catch (const std::exception&) {
         throw std::invalid_argument("--runs: expected a positive integer, got \"" + v + "\"");
       }
-    } else if (a == "--json") o.json = true;
+    } else if (a == "--suite") o.suite = true;
+    else if (a == "--seed") o.seed = static_cast<uint64_t>(positive(a, value(), 0));
+    else if (a == "--scenarios") o.scenarios = static_cast<int>(positive(a, value(), 1));
+    else if (a == "--write-trace") o.write_trace = value();
+    else if (a == "--threads") o.threads = static_cast<int>(positive(a, value(), 1));
+    else if (a == "--json") o.json = true;
     else if (a == "--markdown") o.markdown = true;
     else if (a == "--markdown-header") o.markdown = o.markdown_header = true;
     else if (a == "--csv") o.csv = value();
@@ -107,6 +144,15 @@ Options parse_args(const std::vector<std::string>& args) {
       throw std::invalid_argument("unknown argument \"" + a + "\"");
     }
   }
+  if (o.suite) {
+    if (!o.trace.empty() || !o.sequence.empty() || o.runs || o.json || o.markdown || !o.dump.empty() ||
+        !o.machine.empty())
+      throw std::invalid_argument(
+          "--suite generates its scenarios: --trace, --sequence, --runs, --json, --markdown, --dump-accesses and "
+          "--machine do not apply");
+    if (o.policies.empty()) o.policies = {"lru", "mru", "trace", "reuse"};
+    return o;
+  }
   if (o.trace.empty()) throw std::invalid_argument("--trace FILE is required");
   if (o.policies.empty()) o.policies = all_policies();
   if (o.json && o.markdown) throw std::invalid_argument("--json and --markdown are exclusive");
@@ -117,6 +163,29 @@ std::ofstream open_out(const std::string& path, const char* what) {
   std::ofstream f(path);
   if (!f) throw std::runtime_error(std::string(what) + ": cannot write " + path);
   return f;
+}
+
+// --suite (docs/SIMULATOR.md "The scenario suite").
+int run_suite_cli(const Options& o, std::ostream& out) {
+  const std::vector<model_params::Model> params =
+      model_params::read(o.params.empty() ? model_params::default_path() : o.params);
+  if (!o.write_trace.empty()) {
+    const size_t colon = o.write_trace.find(':');
+    const int index = static_cast<int>(positive("--write-trace", o.write_trace.substr(0, colon), 0));
+    if (colon == std::string::npos || colon + 1 == o.write_trace.size())
+      throw std::invalid_argument("--write-trace: expected INDEX:FILE, got \"" + o.write_trace + "\"");
+    std::ofstream f = open_out(o.write_trace.substr(colon + 1), "--write-trace");
+    f << make_scenario(o.seed, index, params).json << "\n";
+    return 0;
+  }
+  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const SuiteResult r = run_suite(o.seed, o.scenarios, o.policies, params, o.replay, threads);
+  if (!o.csv.empty()) {
+    std::ofstream f = open_out(o.csv, "--csv");
+    write_suite_csv(f, r);
+  }
+  print_suite(out, r, to_string(parse_config(o.replay.conf).policy));
+  return 0;
 }
 
 }  // namespace
@@ -134,6 +203,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return 0;
   }
   try {
+    if (o.suite) return run_suite_cli(o, out);
     Trace t = load_trace(o.trace, o.params);
     for (const std::string& m : o.machine) set_machine_field(t.machine, m);
     std::vector<const Sequence*> seqs;

@@ -241,9 +241,11 @@ class Expander {
     for (int l : loras) b.app_ram += t_.loras[l].bytes;
     const uint64_t taken = b.app_ram + t_.machine.headroom;
     b.pin_capacity = t_.machine.ram > taken ? t_.machine.ram - taken : 0;
+    b.ram_capacity = t_.machine.ram > b.app_ram ? t_.machine.ram - b.app_ram : 0;
     b.cache = b.pin_capacity + b.kept;
     const uint64_t warm = b.copied - b.cold;
     b.lower_bound = b.cold + (warm > b.pin_capacity ? warm - b.pin_capacity : 0);
+    b.ram_lower_bound = b.cold + (warm > b.ram_capacity ? warm - b.ram_capacity : 0);
   }
 
   const Trace& t_;
@@ -256,14 +258,14 @@ class Expander {
 
 }  // namespace
 
-uint64_t window_bound(const Expansion& e, int first, int count) {
+uint64_t window_bound(const Expansion& e, int first, int count, bool ram) {
   uint64_t sum = 0, cold = 0, distinct = 0, cap = UINT64_MAX;
   std::set<uint64_t> seen;
   for (int r = first; r < first + count && r < static_cast<int>(e.runs.size()); ++r) {
     const RunPlan& p = e.runs[r];
-    sum += p.bound.lower_bound;
+    sum += ram ? p.bound.ram_lower_bound : p.bound.lower_bound;
     cold += p.bound.cold;
-    cap = std::min(cap, p.bound.pin_capacity);
+    cap = std::min(cap, ram ? p.bound.ram_capacity : p.bound.pin_capacity);
     for (const auto& [key, bytes] : p.copied_keys)
       if (seen.insert(key).second) distinct += bytes;
   }

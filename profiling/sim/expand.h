@@ -14,6 +14,15 @@
 // no cache at all, so the run reads at least
 //   LB_r = cold_r + max(0, copied_r - cold_r - P_r)
 // from disk; on a steady run (cold_r = 0) that is DESIGN.md's max(0, W - C).
+// That is the pin bound: it counts what the pins keep between runs. The
+// policies hold more than P: inside a node the balancer pins until available
+// RAM falls to max(headroom/2, pin_reserve), and the page cache holds weights
+// in whatever RAM the pins leave (Note [Simulator memory model] in replay.h).
+// Pins and page cache together never exceed M_r = RAM - other_ram - the run's
+// LoRA bytes (the RAM capacity), so the same argument with M_r in place of P_r,
+//   RLB_r = cold_r + max(0, copied_r - cold_r - M_r),
+// is a bound no policy of the simulator can beat (the RAM bound); the honest
+// oracle (Belady at M_r) is measured against it.
 #pragma once
 
 #include <cstdint>
@@ -57,8 +66,10 @@ struct RunBound {
   uint64_t cold = 0;      // copied, and never copied by an earlier run
   uint64_t app_ram = 0;   // other_ram + the run's LoRA bytes
   uint64_t pin_capacity = 0;  // P
+  uint64_t ram_capacity = 0;  // M = RAM - app_ram: pins and page cache together
   uint64_t cache = 0;     // C = P + kept
-  uint64_t lower_bound = 0;
+  uint64_t lower_bound = 0;      // the pin bound (P)
+  uint64_t ram_lower_bound = 0;  // the RAM bound (M): no policy reads less
   uint64_t resident_copy_bytes = 0;  // weight bytes copied to stay on the device
   uint64_t streamed_bytes = 0;       // weight bytes copied for one forward pass
 };
@@ -82,8 +93,9 @@ Expansion expand(const Trace& trace, const Sequence& sequence, int runs);
 // Note [Simulator lower bound], over `count` runs from `first` (a cycle of an
 // alternating sequence): the pins hold at most min P at the window's start, so
 // the window reads at least cold + max(0, distinct copied - cold - min P); and
-// at least the sum of its runs' bounds. Returns the larger.
-uint64_t window_bound(const Expansion& e, int first, int count);
+// at least the sum of its runs' bounds. Returns the larger. `ram`: the same
+// with M and the RAM bounds (the bound no policy beats).
+uint64_t window_bound(const Expansion& e, int first, int count, bool ram = false);
 
 // The pin key storage id of a weight or of a LoRA's patch tensor.
 uint64_t weight_storage(int model, int layer);

@@ -77,7 +77,8 @@ uint64_t lora_bytes(const Trace& t, const Prompt& p) {
   return b;
 }
 
-PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind, const ReplayOptions& o) {
+PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind, const ReplayOptions& o,
+                             bool clairvoyant = false) {
   const Machine& mach = t.machine;
   Config base;
   base.policy = kind;
@@ -88,6 +89,18 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
   HostPool pool(make_null_backend(), po);
   ModelledProbe probe(pool, mach);
   Balancer bal(c, pool, probe);
+  // "clairvoyant": the reuse policy told each key's next access (the balancer's
+  // clock counts acquire() calls, one per access here).
+  std::unordered_map<uint64_t, std::vector<uint64_t>> uses;
+  if (clairvoyant) {
+    for (size_t i = 0; i < e.accesses.size(); ++i) uses[e.accesses[i].storage].push_back(i + 1);
+    bal.set_reuse_future([&uses](const PinKey& k, uint64_t now) {
+      auto it = uses.find(k.storage);
+      if (it == uses.end()) return ReuseHistory::kNever;
+      auto next = std::upper_bound(it->second.begin(), it->second.end(), now);
+      return next == it->second.end() ? ReuseHistory::kNever : *next;
+    });
+  }
   std::vector<ModelId> ids;
   for (const Model& m : t.models) ids.push_back(bal.register_model(m.name, "cuda:0"));
   PageCache cache;
@@ -178,7 +191,7 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
 
 }  // namespace
 
-PolicyResult replay_oracle(const Trace& t, const Expansion& e) {
+PolicyResult replay_oracle(const Trace& t, const Expansion& e, OracleCapacity capacity) {
   const Machine& mach = t.machine;
   constexpr size_t kNever = std::numeric_limits<size_t>::max();
   const size_t n = e.accesses.size();
@@ -210,12 +223,12 @@ PolicyResult replay_oracle(const Trace& t, const Expansion& e) {
   };
 
   PolicyResult out;
-  out.policy = "oracle";
+  out.policy = capacity == OracleCapacity::Ram ? "oracle" : "oracle-pins";
   for (const RunPlan& plan : e.runs) {
     RunResult rr;
     rr.run = plan.run;
     rr.prompt = plan.prompt;
-    const uint64_t cap = plan.bound.pin_capacity;
+    const uint64_t cap = capacity == OracleCapacity::Ram ? plan.bound.ram_capacity : plan.bound.pin_capacity;
     uint64_t evicted = 0;
     while (used > cap) {
       evicted += std::get<1>(*order.begin());
@@ -284,11 +297,17 @@ PolicyResult replay_oracle(const Trace& t, const Expansion& e) {
 PolicyResult replay(const Trace& t, const Sequence& seq, const Expansion& e, const std::string& policy,
                     const ReplayOptions& o) {
   PolicyResult r;
-  if (policy == "oracle") r = replay_oracle(t, e);
+  if (policy == "oracle") r = replay_oracle(t, e, OracleCapacity::Ram);
+  else if (policy == "oracle-pins") r = replay_oracle(t, e, OracleCapacity::Pins);
   else if (policy == "mru") r = replay_balancer(t, e, PolicyKind::Mru, o);
   else if (policy == "lru") r = replay_balancer(t, e, PolicyKind::Lru, o);
   else if (policy == "trace") r = replay_balancer(t, e, PolicyKind::Trace, o);
-  else throw std::invalid_argument("--policy: expected lru, mru, trace or oracle, got \"" + policy + "\"");
+  else if (policy == "reuse") r = replay_balancer(t, e, PolicyKind::Reuse, o);
+  else if (policy == "clairvoyant") {
+    r = replay_balancer(t, e, PolicyKind::Reuse, o, /*clairvoyant=*/true);
+    r.policy = "clairvoyant";
+  }
+  else throw std::invalid_argument("--policy: expected lru, mru, trace, reuse, clairvoyant, oracle or oracle-pins, got \"" + policy + "\"");
   r.steady_run = steady_run(seq, r.runs, steady_tolerance(e));
   return r;
 }

@@ -70,16 +70,28 @@ struct ReplayOptions {
   std::string conf;            // PINS_CONF-syntax overrides of the balancer's Config
 };
 
-// policy: "lru", "mru", "trace" (the Balancer) or "oracle".
+// policy: "lru", "mru", "trace", "reuse" (the Balancer), "clairvoyant" (the Balancer
+// with the reuse policy told every next use: ReuseHistory::set_future), "oracle" or
+// "oracle-pins".
 PolicyResult replay(const Trace& trace, const Sequence& sequence, const Expansion& e, const std::string& policy,
                     const ReplayOptions& options = {});
 
-// Belady over the weight accesses with capacity P_r in run r: on a miss the
+// Note [Simulator oracle]
+// Belady over the weight accesses with capacity K_r in run r: on a miss the
 // weight is read from disk; it is kept, evicting the cached weights whose next
 // use is farthest (never-again first, larger first on a tie), unless one of
 // those is needed before it (then it bypasses the cache). Patches are never
-// cached (their source is RAM). No page cache.
-PolicyResult replay_oracle(const Trace& trace, const Expansion& e);
+// cached (their source is RAM). One cache, no page cache besides it.
+//   "oracle"       K_r = M_r, the RAM capacity (RAM - other_ram - LoRA bytes):
+//                  every byte the policies can hold, pins and page cache
+//                  together (Note [Simulator memory model]), so no policy beats
+//                  it; the yardstick of the results and of --suite.
+//   "oracle-pins"  K_r = P_r, the pin capacity (M_r less the headroom): the
+//                  best a cache of exactly the pins kept between runs can do.
+//                  The balancer pins past P inside a node and has the page
+//                  cache, so mru and trace beat it where one model does not fit.
+enum class OracleCapacity { Ram, Pins };
+PolicyResult replay_oracle(const Trace& trace, const Expansion& e, OracleCapacity capacity = OracleCapacity::Ram);
 
 // Note [Simulator steady state]: the first run r from which every run s repeats
 // run s + period within `tolerance` bytes of disk reads; -1 when the runs end first.

@@ -167,6 +167,8 @@ ojson to_json(const Trace& t, const SequenceResult& r) {
       x["used_bytes"] = b.used;
       x["cache_bytes"] = b.cache;
       x["pin_capacity_bytes"] = b.pin_capacity;
+      x["ram_capacity_bytes"] = b.ram_capacity;
+      x["ram_lower_bound_bytes"] = b.ram_lower_bound;
       x["vram_kept_bytes"] = b.kept;
       x["copied_bytes"] = b.copied;
       x["cold_bytes"] = b.cold;
@@ -335,6 +337,7 @@ void dump_accesses(std::ostream& os, const Trace& t, const SequenceResult& r) {
         j["subset"] = to_string(a.subset());
         if (a.signature) j["signature"] = *a.signature;
         j["pin_capacity_bytes"] = plan.bound.pin_capacity;
+        j["ram_capacity_bytes"] = plan.bound.ram_capacity;
         os << j.dump() << '\n';
       }
 }

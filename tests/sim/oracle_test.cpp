@@ -28,7 +28,8 @@ Trace machine_only() {
 Expansion sequence(const std::vector<int>& keys, const std::vector<uint64_t>& sizes, uint64_t cap) {
   Expansion e;
   RunPlan plan;
-  plan.bound.pin_capacity = cap;
+  plan.bound.pin_capacity = cap;  // oracle-pins
+  plan.bound.ram_capacity = cap;  // oracle
   StepPlan sp;
   for (int k : keys) {
     Access a;

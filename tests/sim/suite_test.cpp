@@ -1,0 +1,167 @@
+// The scenario suite (Note [Simulator suite] in profiling/sim/suite.h): the
+// generator's determinism and coverage, the figures computed by hand, the
+// bounds every replay must respect, and the --suite command line.
+#include "profiling/sim/suite.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "profiling/sim/cli.h"
+
+namespace pins::sim {
+namespace {
+
+const std::vector<model_params::Model>& params() {
+  static const std::vector<model_params::Model> p = model_params::read(std::string(PINS_SIM_DATA_DIR) + "/model_params.csv");
+  return p;
+}
+
+int workflows(const Scenario& s) {
+  std::set<char> w;
+  for (const Prompt& p : s.trace.prompts) w.insert(p.name.at(1));
+  return static_cast<int>(w.size());
+}
+
+TEST(SimSuite, AScenarioDependsOnlyOnItsSeedAndIndex) {
+  EXPECT_EQ(make_scenario(7, 5, params()).json, make_scenario(7, 5, params()).json);
+  EXPECT_NE(make_scenario(7, 5, params()).json, make_scenario(8, 5, params()).json);
+  EXPECT_NE(make_scenario(7, 5, params()).json, make_scenario(7, 13, params()).json);
+}
+
+TEST(SimSuite, EveryPatternInEightConsecutiveScenarios) {
+  std::set<std::string> machines, families;
+  for (int i = 0; i < 40; ++i) {
+    const Scenario s = make_scenario(3, i, params());
+    ASSERT_EQ(s.pattern, static_cast<Pattern>(i % kPatternCount)) << s.name;
+    ASSERT_EQ(s.trace.sequences.size(), 1u);
+    const Sequence& seq = s.trace.sequences.front();
+    EXPECT_EQ(seq.runs, static_cast<int>(seq.prompts.size())) << "prompts listed run by run";
+    const int want = s.pattern == Pattern::Rerun || s.pattern == Pattern::SeedPrompt || s.pattern == Pattern::LoraSwap
+                         ? 1
+                     : s.pattern == Pattern::ThreeAlternating || s.pattern == Pattern::ThreeInterleaved ? 3
+                                                                                                          : 2;
+    EXPECT_EQ(workflows(s), want) << s.name;
+    EXPECT_GE(s.trace.machine.ram, 16ull << 30);
+    EXPECT_LE(s.trace.machine.ram, 128ull << 30);
+    EXPECT_GE(s.trace.machine.vram, 8ull << 30);
+    EXPECT_LE(s.trace.machine.vram, 48ull << 30);
+    machines.insert(std::to_string(s.trace.machine.ram) + "/" + std::to_string(s.trace.machine.vram));
+    for (const Model& m : s.trace.models) families.insert(m.name);
+    if (s.pattern == Pattern::Rerun)
+      for (int r = 1; r < seq.runs; ++r) EXPECT_EQ(seq.prompts[r], seq.prompts[0]) << s.name;
+    if (s.pattern == Pattern::TwoAlternating)
+      for (int r = 2; r < seq.runs; ++r) EXPECT_EQ(seq.prompts[r], seq.prompts[r - 2]) << s.name;
+  }
+  EXPECT_GE(machines.size(), 10u) << "machines are drawn";
+  EXPECT_GE(families.size(), 10u) << "models are drawn";
+}
+
+// No replay reads less than the RAM bound (no policy holds more than RAM less
+// the application) or than the oracle, and the result does not depend on the
+// thread count. With headroom:0 too: the pool stayed past RAM there before
+// keep_warm gave idle memory back on a reading of nothing available.
+TEST(SimSuite, ReplaysRespectTheRamBoundOnAnyThreadCount) {
+  const std::vector<std::string> policies = {"lru", "mru", "trace", "reuse"};
+  const SuiteResult one = run_suite(11, 16, policies, params(), {}, 1);
+  const SuiteResult two = run_suite(11, 16, policies, params(), {}, 2);
+  ASSERT_EQ(one.policies, (std::vector<std::string>{"lru", "mru", "trace", "reuse", "oracle"}));
+  for (size_t i = 0; i < one.rows.size(); ++i) {
+    EXPECT_EQ(one.rows[i].disk, two.rows[i].disk) << one.scenarios[i].name;
+    for (size_t p = 0; p < one.policies.size(); ++p)
+      EXPECT_GE(one.rows[i].disk[p], one.rows[i].ram_bound) << one.scenarios[i].name << " " << one.policies[p];
+    EXPECT_EQ(one.rows[i].runs, one.scenarios[i].trace.sequences.front().runs - 1);
+  }
+  for (const SuiteFigures& f : suite_figures(one)) {
+    EXPECT_EQ(f.below_ram_bound, 0) << f.policy;
+    EXPECT_EQ(f.below_oracle, 0) << f.policy << ": the oracle has all the memory a policy has";
+  }
+}
+
+TEST(SimSuite, FiguresByHand) {
+  SuiteResult r;
+  r.policies = {"lru", "mru", "x", "oracle"};
+  const uint64_t L = 10;  // allowance per scenario
+  const auto row = [&](std::vector<uint64_t> disk) {
+    SuiteRow s;
+    s.disk = std::move(disk);
+    s.allowance = L;
+    s.runs = 1;
+    return s;
+  };
+  r.rows = {row({100, 120, 110, 100}), row({200, 150, 200, 100}), row({0, 0, 15, 0}), row({50, 60, 80, 40})};
+  r.scenarios.resize(4);
+  const std::vector<SuiteFigures> f = suite_figures(r);
+  const SuiteFigures& x = f[2];
+  EXPECT_DOUBLE_EQ(x.total, 405);
+  EXPECT_DOUBLE_EQ(x.vs_oracle, 405.0 / 240);
+  EXPECT_EQ(x.oracle_reads, 3);
+  EXPECT_DOUBLE_EQ(x.median, 2.0);  // ratios 1.1, 2.0, 2.0
+  EXPECT_DOUBLE_EQ(x.worst, 2.0);
+  EXPECT_EQ(x.worst_scenario, 1);
+  EXPECT_EQ(x.oracle_zero_over, 1) << "15 bytes where the oracle reads none, allowance 10";
+  EXPECT_DOUBLE_EQ(x.oracle_zero_excess, 15);
+  // Over mru by more than the allowance: scenario 1 (50) and 3 (20); scenario 2 by 15.
+  EXPECT_EQ(x.over_mru, 3);
+  EXPECT_EQ(x.over_lru, 2) << "scenario 2 by 15, scenario 3 by 30";
+  EXPECT_DOUBLE_EQ(x.worst_over_mru, 5.0);
+  EXPECT_FALSE(meets_targets(x));
+  EXPECT_DOUBLE_EQ(f[3].vs_oracle, 1.0);
+  EXPECT_EQ(x.below_oracle, 0);
+  EXPECT_EQ(f[0].below_oracle, 0);
+}
+
+TEST(SimSuite, NoPolicyPinsPastRamWithoutHeadroom) {
+  ReplayOptions o;
+  o.conf = "headroom:0,pin_reserve:0";
+  const SuiteResult r = run_suite(1, 16, {"mru", "reuse"}, params(), o, 2);
+  for (const SuiteFigures& f : suite_figures(r)) EXPECT_EQ(f.below_ram_bound, 0) << f.policy;
+}
+
+struct Result {
+  int rc;
+  std::string out, err;
+};
+Result cli(std::vector<std::string> args) {
+  std::ostringstream out, err;
+  const int rc = run_cli(args, out, err);
+  return {rc, out.str(), err.str()};
+}
+
+TEST(SimSuite, CommandLine) {
+  const std::string csv_arg = std::string(PINS_SIM_DATA_DIR) + "/model_params.csv";
+  const Result r = cli({"--suite", "--scenarios", "8", "--threads", "1", "--params", csv_arg});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("seed 1, 8 scenarios"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("per pattern"), std::string::npos);
+  EXPECT_NE(r.out.find("\nRESULT policy=mru seed=1 scenarios=8 vs_oracle="), std::string::npos) << r.out;
+
+  const Result mixed = cli({"--suite", "--trace", "x.json"});
+  EXPECT_EQ(mixed.rc, 2);
+  EXPECT_NE(mixed.err.find("--suite generates its scenarios"), std::string::npos) << mixed.err;
+  const Result bad_seed = cli({"--suite", "--seed", "abc"});
+  EXPECT_EQ(bad_seed.rc, 2);
+  EXPECT_NE(bad_seed.err.find("--seed: expected an integer of at least 0, got \"abc\""), std::string::npos)
+      << bad_seed.err;
+  const Result bad_count = cli({"--suite", "--scenarios", "0"});
+  EXPECT_NE(bad_count.err.find("--scenarios: expected an integer of at least 1, got \"0\""), std::string::npos);
+
+  // A scenario written out replays as a trace, with the same oracle figures.
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("pins_suite_" + std::to_string(::getpid()) + ".json")).string();
+  ASSERT_EQ(cli({"--suite", "--write-trace", "4:" + file, "--params", csv_arg}).rc, 0);
+  const Result replay = cli({"--trace", file, "--policy", "oracle", "--markdown"});
+  std::remove(file.c_str());
+  ASSERT_EQ(replay.rc, 0) << replay.err;
+  EXPECT_NE(replay.out.find("| two-alternating |"), std::string::npos) << replay.out;
+  const Result bad_write = cli({"--suite", "--write-trace", "4"});
+  EXPECT_EQ(bad_write.rc, 2);
+  EXPECT_NE(bad_write.err.find("--write-trace: expected INDEX:FILE"), std::string::npos) << bad_write.err;
+}
+
+}  // namespace
+}  // namespace pins::sim
