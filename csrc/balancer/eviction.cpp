@@ -42,7 +42,7 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
     });
   } else if (policy == PolicyKind::Reuse && reuse.history != nullptr) {
     // Note [Reuse policy]: farthest predicted next use first.
-    for (Row& r : rows) r.next_use = reuse.history->next_use(*r.c.pin, reuse.now, r.c.tier > 2);
+    for (Row& r : rows) r.next_use = reuse.history->next_use(*r.c.pin, reuse.now, r.c.tier > 2, r.m->active);
     std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       if ((a.c.tier == 5) != (b.c.tier == 5)) return b.c.tier == 5;  // active streaming pins last
       if (a.next_use != b.next_use) return a.next_use > b.next_use;

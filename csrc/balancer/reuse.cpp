@@ -24,9 +24,9 @@ void ReuseHistory::end_prompt(uint64_t now) {
   prompt_++;
 }
 
-uint64_t ReuseHistory::next_use(const Pin& p, uint64_t now, bool in_prompt) const {
+uint64_t ReuseHistory::next_use(const Pin& p, uint64_t now, bool in_prompt, bool running) const {
   if (future_) return future_(p.key, now);
-  const uint64_t next = predict(p, now);
+  const uint64_t next = predict(p, now, running);
   if (in_prompt || next == kNever) return next;
   // A model the prompt does not use: not before the prompt ends.
   return std::max(next, prompt_start_ + prompt_len(now));
@@ -36,9 +36,9 @@ uint64_t ReuseHistory::prompt_len(uint64_t now) const {
   return std::max<uint64_t>(prompt_len_ > 0 ? prompt_len_ : now - prompt_start_, 1);
 }
 
-uint64_t ReuseHistory::predict(const Pin& p, uint64_t now) const {
+uint64_t ReuseHistory::predict(const Pin& p, uint64_t now, bool running) const {
   const uint64_t last = p.last_use;
-  if (p.reuse_loop > 0 && now <= last + p.reuse_loop + p.reuse_loop / 2) return last + p.reuse_loop;
+  if (running && p.reuse_loop > 0 && now <= last + p.reuse_loop + p.reuse_loop / 2) return last + p.reuse_loop;
   const uint64_t d = std::max<uint64_t>(p.reuse_gap, 1) * prompt_len(now);
   for (uint64_t next = last + d; next <= last + 4 * d; next += next - last)
     if (now <= next + d / 2) return next;

@@ -12,8 +12,10 @@
 // prompt and needs no assumption about the pattern.
 // A pin's predicted next use, as a function of the clock now, hedges when a
 // prediction fails:
-//   1. last + loop, while now <= last + 1.5 loop (the loop goes on; a key that
-//      never looped skips this);
+//   1. last + loop, while now <= last + 1.5 loop and the pin's model is active
+//      (its loop goes on only while it runs: once the node ended, its pins
+//      come back with the next prompt, not the next step; a key that never
+//      looped skips this);
 //   2. else last + D, last + 2D, last + 4D (D = gap x the last prompt's length
 //      in accesses, gap 1 for a key seen in one prompt only), the first whose
 //      deadline (the prediction + D/2) has not passed: the key comes back with
@@ -54,8 +56,9 @@ class ReuseHistory {
   // The prompt boundary at clock `now`.
   void end_prompt(uint64_t now);
   // The predicted clock of p's next use, seen at `now` (kNever: not expected);
-  // `in_prompt`: p's model is in the current prompt (else not before it ends).
-  uint64_t next_use(const Pin& p, uint64_t now, bool in_prompt) const;
+  // `in_prompt`: p's model is in the current prompt (else not before it ends);
+  // `running`: p's model is active, so its loop may go on.
+  uint64_t next_use(const Pin& p, uint64_t now, bool in_prompt, bool running) const;
 
   // The simulator's clairvoyant variant (profiling/sim, policy "clairvoyant"):
   // next_use() asks `future` (the key's next use after the clock now, kNever
@@ -67,7 +70,7 @@ class ReuseHistory {
   size_t keys() const { return keys_.size(); }
 
  private:
-  uint64_t predict(const Pin& p, uint64_t now) const;  // steps 1-3 of the Note
+  uint64_t predict(const Pin& p, uint64_t now, bool running) const;  // steps 1-3 of the Note
   // One prompt's length in accesses: the last one's, or this one's so far before any ended.
   uint64_t prompt_len(uint64_t now) const;
   struct Entry {

@@ -30,8 +30,10 @@ TEST(ReuseHistory, LearnsTheLoopDistanceInsideAPrompt) {
   const Pin p = accessed(h, 1, 4);  // one step of a loop of three later
   EXPECT_EQ(p.reuse_loop, 3u);
   EXPECT_EQ(p.reuse_gap, 0u) << "no other prompt used it";
-  EXPECT_EQ(h.next_use(p, 5, true), 7u) << "the loop goes on: next step";
-  EXPECT_EQ(h.next_use(p, 8, true), 7u) << "within half a loop late it still counts";
+  EXPECT_EQ(h.next_use(p, 5, true, true), 7u) << "the loop goes on: next step";
+  EXPECT_EQ(h.next_use(p, 8, true, true), 7u) << "within half a loop late it still counts";
+  EXPECT_EQ(h.next_use(p, 5, true, false), 9u)
+      << "its model stopped: back with the next prompt (one prompt: this one's 5 accesses so far)";
 }
 
 TEST(ReuseHistory, AcrossPromptsItPredictsTheGapAndHedgesWhenItFails) {
@@ -46,11 +48,11 @@ TEST(ReuseHistory, AcrossPromptsItPredictsTheGapAndHedgesWhenItFails) {
   p.last_use = 11;
   p.reuse_gap = h.record(w(1), 11).gap;  // what the balancer stored at that access
   EXPECT_EQ(p.reuse_gap, 1u) << "used in prompts 0 and 1";
-  EXPECT_EQ(h.next_use(p, 21, true), 21u) << "back one prompt (10 accesses) later";
-  EXPECT_EQ(h.next_use(p, 26, true), 21u) << "a prediction holds until half a prompt past it";
-  EXPECT_EQ(h.next_use(p, 27, true), 31u) << "then two prompts";
-  EXPECT_EQ(h.next_use(p, 37, true), 51u) << "then four";
-  EXPECT_EQ(h.next_use(p, 57, true), ReuseHistory::kNever) << "then never";
+  EXPECT_EQ(h.next_use(p, 21, true, true), 21u) << "back one prompt (10 accesses) later";
+  EXPECT_EQ(h.next_use(p, 26, true, true), 21u) << "a prediction holds until half a prompt past it";
+  EXPECT_EQ(h.next_use(p, 27, true, true), 31u) << "then two prompts";
+  EXPECT_EQ(h.next_use(p, 37, true, true), 51u) << "then four";
+  EXPECT_EQ(h.next_use(p, 57, true, true), ReuseHistory::kNever) << "then never";
 }
 
 TEST(ReuseHistory, TwoWorkflowsAlternatingLearnAGapOfTwo) {
@@ -69,12 +71,16 @@ TEST(ReuseHistory, AModelOutsideThePromptIsNotExpectedBeforeItEnds) {
   ReuseHistory h;
   for (uint64_t t = 1; t <= 10; ++t) h.record(w(t), t);
   h.end_prompt(10);
-  const Pin p = accessed(h, 1, 11);
+  Pin r;  // key 3, used once at 3: expected one prompt later, at 13
+  r.key = w(3).key;
+  r.last_use = 3;
+  EXPECT_EQ(h.next_use(r, 15, true, false), 13u);
+  EXPECT_EQ(h.next_use(r, 15, false, false), 20u) << "the prompt started at 10 and lasts 10 accesses";
+  accessed(h, 1, 11);
   for (uint64_t t = 12; t <= 13; ++t) h.record(w(t), t);
-  const Pin q = accessed(h, 1, 14);  // loops: next at 17
-  EXPECT_EQ(h.next_use(q, 15, true), 17u);
-  EXPECT_EQ(h.next_use(q, 15, false), 20u) << "the prompt started at 10 and lasts 10 accesses";
-  (void)p;
+  const Pin q = accessed(h, 1, 14);  // a loop of 3, and used in the last prompt
+  EXPECT_EQ(h.next_use(q, 15, true, true), 17u) << "its model runs: the next step";
+  EXPECT_EQ(h.next_use(q, 15, true, false), 24u) << "its model stopped: the next prompt";
 }
 
 TEST(ReuseHistory, ForgetsEverythingPastItsLimit) {
@@ -118,20 +124,21 @@ TEST(ReuseHistory, EvictionTakesTheFarthestPredictedUseFirst) {
   Model& in = add(0, true, false);
   Model& out = add(1, false, false);
   Model& act = add(2, true, true);
-  pin(in, 1, 110, 10, 0);      // loop: next at 120
-  pin(in, 2, 112, 10, 0);      // loop: next at 122
+  pin(in, 1, 110, 10, 0);      // looped, but its model stopped: one prompt later, 210
+  pin(in, 2, 112, 10, 0);      // 212
   pin(in, 3, 105, 0, 1);       // next prompt: 205
   pin(out, 4, 90, 0, 2);       // two prompts later: 290
   pin(in, 5, 10, 0, 0);        // one prompt later: 110, not past 110 + 50 yet
   pin(in, 6, 1, 0, 0);         // 101
   pin(out, 8, 1, 0, 0);        // outside the prompt: not before its end, 200
-  pin(act, 7, 114, 0, 0);      // tier 5
+  pin(act, 7, 114, 10, 0);     // tier 5, last; its model runs: the next step, 124
+  pin(act, 9, 113, 10, 0);     // 123: the most recently used of the loop first
   const std::vector<Candidate> order =
       eviction_order(models, Reach::All, PolicyKind::Reuse, TraceRecorder{}, ReuseView{&h, 115});
   std::vector<uint64_t> got;
   for (const Candidate& c : order) got.push_back(c.pin->key.storage);
-  EXPECT_EQ(got, (std::vector<uint64_t>{4, 3, 8, 2, 1, 5, 6, 7}));
-  // Later, 6 and 8 missed every expected use: never, so first (larger first).
+  EXPECT_EQ(got, (std::vector<uint64_t>{4, 2, 1, 3, 8, 5, 6, 7, 9}));
+  // Later, 6 and 8 missed every expected use: never, so first (newer first on a tie).
   const std::vector<Candidate> later =
       eviction_order(models, Reach::SpareActive, PolicyKind::Reuse, TraceRecorder{}, ReuseView{&h, 460});
   ASSERT_EQ(later.size(), 7u);
@@ -144,9 +151,9 @@ TEST(ReuseHistory, ClairvoyantAsksTheFuture) {
   h.set_future([](const PinKey& k, uint64_t now) { return k.storage == 1 ? now + 5 : ReuseHistory::kNever; });
   Pin p;
   p.key = w(1).key;
-  EXPECT_EQ(h.next_use(p, 10, true), 15u);
+  EXPECT_EQ(h.next_use(p, 10, true, true), 15u);
   p.key = w(2).key;
-  EXPECT_EQ(h.next_use(p, 10, true), ReuseHistory::kNever);
+  EXPECT_EQ(h.next_use(p, 10, true, true), ReuseHistory::kNever);
 }
 
 }  // namespace
