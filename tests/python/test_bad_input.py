@@ -108,7 +108,7 @@ def test_empty_model_name(pins):
 
 @pytest.mark.parametrize("conf,match", [
     ("bogus:1", r"unknown key 'bogus'"),
-    ("policy:fifo", r"'policy' expects one of mru\|lru\|trace, got 'fifo'"),
+    ("policy:fifo", r"'policy' expects one of mru\|lru\|trace\|reuse, got 'fifo'"),
     ("headroom:lots", r"'headroom' expects a byte size.*got 'lots'"),
     ("segment_size:2G", r"'segment_size' is a setting of the host pool"),
     ("backend:null", r"'backend' is a setting of the host pool"),
@@ -175,7 +175,7 @@ def test_a_bad_pins_conf_is_a_value_error_at_first_use():
         """
     out = run_with_conf("policy:fifo", code)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("ValueError PINS_CONF key 'policy' expects one of mru|lru|trace, got 'fifo'"), out.stdout
+    assert out.stdout.startswith("ValueError PINS_CONF key 'policy' expects one of mru|lru|trace|reuse, got 'fifo'"), out.stdout
 
 
 def test_torchscript_reports_a_bad_value_as_a_runtime_error_with_the_message(pins):

@@ -121,7 +121,7 @@ def test_help_prints_usage_to_stdout_and_exits_0(args, usage):
     ([BENCH, "balancer", "--pins", "1000,x"],
      'pins-bench balancer: --pins: expected a comma-separated list of positive integers, got "1000,x"'),
     ([BENCH, "balancer", "--policies", "mru,fifo"],
-     'pins-bench balancer: --policies: expected a comma-separated list of mru, lru, trace, got "mru,fifo"'),
+     'pins-bench balancer: --policies: expected a comma-separated list of mru, lru, trace, reuse, got "mru,fifo"'),
     ([BENCH, "balancer", "--decisions", "-3"], 'pins-bench balancer: --decisions: expected a positive integer, got "-3"'),
 ], ids=["sim_unknown", "sim_runs", "bench_unknown", "bench_alloc_unknown", "bench_alloc_reps", "bench_fill_unknown",
         "bench_fill_size", "bench_fill_no_value", "bench_balancer_pins", "bench_balancer_policies",
