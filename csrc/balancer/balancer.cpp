@@ -65,7 +65,10 @@ void Lease::filled() {
 // ------------------------------------------------------------------ Balancer
 
 Balancer::Balancer(const Config& config, HostPool& pool, MemoryProbe& probe)
-    : pool_(pool), probe_(probe), config_(config) {}
+    : pool_(pool), probe_(probe), config_(config) {
+  MutexLock g(mu_);
+  reuse_on_ = config_.policy == PolicyKind::Reuse;  // no pins yet: nothing to index
+}
 
 Balancer::~Balancer() {
   std::vector<void*> blocks;
@@ -85,6 +88,7 @@ void Balancer::configure(const Config& config) {
   MutexLock g(mu_);
   if (config.policy != config_.policy) trace_.depart();  // the cursors did not follow this prompt
   config_ = config;
+  set_reuse_indexes_locked(config_.policy == PolicyKind::Reuse);
 }
 
 Config Balancer::config() const {
@@ -131,6 +135,7 @@ void Balancer::unlink_locked(Pin* p, std::vector<void*>& to_free) {
   m.pins[s].erase(it);
   m.by_created[s].erase(p->created);
   m.by_use[s].erase({p->last_use, p->created});
+  if (reuse_on_) reuse_unindex_locked(m, p);
   sources_.remove(p);
   ring_remove_locked(p);
   m.stats[s].pins--;
@@ -188,6 +193,7 @@ void Balancer::link_locked(Model& m, std::unique_ptr<Pin> pin) {
   m.pins[s].emplace(p->key, std::move(pin));
   m.by_created[s].emplace(p->created, p);
   m.by_use[s].emplace(std::make_pair(p->last_use, p->created), p);
+  if (reuse_on_) reuse_index_locked(m, p);
   sources_.add(p);
   ring_add_locked(p);
   m.stats[s].pins++;
@@ -281,7 +287,7 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
   Lease found;  // a hit, or none with `served` for a pin busy elsewhere
   bool served = false;
   uint64_t settled_at_read = 0;  // Note [Budget reservation]: before the reading below
-  ReuseHistory::Learned learned;  // Note [Reuse policy]: the key's history, for its pin
+  uint64_t reuse_gap = 0;  // Note [Reuse policy]: the key's prompt gap, for its pin
   {
     MutexLock g(mu_);
     Model& m = model_locked(r.model, r.op);
@@ -293,7 +299,7 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
     settled_at_read = settled_;
     if (config_.policy == PolicyKind::Trace) trace_.record({r.model, r.kind, r.key});
     m.last_use = ++clock_;
-    if (config_.policy == PolicyKind::Reuse) learned = reuse_.record({r.model, r.kind, r.key}, clock_);
+    if (config_.policy == PolicyKind::Reuse) reuse_gap = reuse_.record({r.model, r.kind, r.key});
     const Subset ss = streaming_subset(r.kind), cs = cache_subset(r.kind);
     // DESIGN.md: the streaming subset first, then an existing -loaded pin,
     // whatever the mode.
@@ -313,11 +319,12 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
         // Note [Eviction walk]: by_use moves with last_use (the node is reused).
         auto& by_use = m.by_use[static_cast<int>(p->subset)];
         auto node = by_use.extract({p->last_use, p->created});
+        if (reuse_on_) reuse_unindex_locked(m, p);
         p->last_use = clock_;
         node.key() = {p->last_use, p->created};
         by_use.insert(std::move(node));
-        p->reuse_loop = learned.loop;
-        p->reuse_gap = learned.gap;
+        p->reuse_gap = reuse_gap;
+        if (reuse_on_) reuse_index_locked(m, p);
         found.owner_ = this;
         found.pin_ = p;
         found.hit_ = true;
@@ -387,8 +394,7 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
       p->block = block;
       p->created = ++seq_;
       p->last_use = clock_;
-      p->reuse_loop = learned.loop;
-      p->reuse_gap = learned.gap;
+      p->reuse_gap = reuse_gap;
       p->signature = r.signature;
       p->version = r.version;
       p->span = r.span;
@@ -582,6 +588,25 @@ bool Balancer::ensure_lock_room(size_t bytes, const MemoryInfo& mi) {
   }
   free_blocks(blocks);
   return lock_fits(locked(), bytes, ceiling);
+}
+
+void Balancer::reuse_index_locked(Model& m, Pin* p) {
+  m.by_reuse[static_cast<int>(p->subset)].emplace(ReuseHistory::index_key(*p), p);
+}
+
+void Balancer::reuse_unindex_locked(Model& m, Pin* p) {
+  m.by_reuse[static_cast<int>(p->subset)].erase(ReuseHistory::index_key(*p));
+}
+
+void Balancer::set_reuse_indexes_locked(bool on) {
+  if (on == reuse_on_) return;
+  reuse_on_ = on;
+  for (auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s) {
+      m->by_reuse[s].clear();
+      if (on)
+        for (auto& [key, p] : m->pins[s]) reuse_index_locked(*m, p.get());
+    }
 }
 
 void Balancer::walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) const {

@@ -222,6 +222,11 @@ class Balancer {
   void unlink_locked(Pin* p, std::vector<void*>& to_free) PINS_REQUIRES(mu_);
   // The eviction order of `reach`, walked until `visit` returns false (Note [Eviction walk]).
   void walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) const PINS_REQUIRES(mu_);
+  // Note [Reuse policy]: p into its model's by_reuse (after a use), out of it;
+  // every pin in or out (a change of policy).
+  void reuse_index_locked(Model& m, Pin* p) PINS_REQUIRES(mu_);
+  void reuse_unindex_locked(Model& m, Pin* p) PINS_REQUIRES(mu_);
+  void set_reuse_indexes_locked(bool on) PINS_REQUIRES(mu_);
   // Ends with keep_warm(warm_line) (Note [Warm idle memory]).
   size_t free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line) PINS_EXCLUDES(mu_);
   // Makes room for a new pin of `bytes` in `target`: true when it may be created.
@@ -282,6 +287,7 @@ class Balancer {
   bool prompt_ PINS_GUARDED_BY(mu_) = false;
   TraceRecorder trace_ PINS_GUARDED_BY(mu_);  // recorded under the trace policy only
   ReuseHistory reuse_ PINS_GUARDED_BY(mu_);   // recorded under the reuse policy only (Note [Reuse policy])
+  bool reuse_on_ PINS_GUARDED_BY(mu_) = false;  // the models' by_reuse indexes are kept
   // Global counters (BalancerStats).
   int64_t refusals_ PINS_GUARDED_BY(mu_) = 0;        // COUNT
   int64_t pressure_freed_ PINS_GUARDED_BY(mu_) = 0;  // SUM bytes freed by relieve()

@@ -2,8 +2,72 @@
 
 #include <algorithm>
 #include <iterator>
+#include <tuple>
 
 namespace pins {
+
+namespace {
+
+// Note [Reuse policy]: ties on the order key go to the larger prediction, the
+// later use, the larger pin, the newer pin.
+using ReuseRank = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t>;
+ReuseRank reuse_rank(const ReuseHistory& h, const Pin& p, bool in_prompt, uint64_t now) {
+  return {h.order_key(p, in_prompt, now), h.prediction(p, now), p.last_use, p.bytes, p.created};
+}
+
+// Note [Reuse policy]: the order of eviction_order() from the models' by_reuse
+// indexes. Within a subset's group of one gap, the pins of each stage are a
+// range of last uses (cut at failed_before()), ordered as the policy orders
+// them when read backwards, whatever the prompt length and the clamp; the walk
+// merges the ranges' heads: tiers 1-4, then tier 5 when the reach allows.
+// O(ranges) per candidate.
+void walk_reuse_order(const Models& models, Reach reach, const ReuseHistory& history, uint64_t now,
+                      const std::function<bool(const Candidate&)>& visit) {
+  using It = std::map<Model::ReuseKey, Pin*>::const_iterator;
+  struct Stream {
+    It begin, it;  // `it` is one past the head: the range is read backwards
+    bool in_prompt;
+    int tier;
+  };
+  for (const bool last : {false, true}) {  // tiers 1-4, then tier 5
+    if (last && last_tier(reach) < 5) return;
+    std::vector<Stream> streams;
+    for (const auto& [id, m] : models)
+      for (int s = 0; s < kSubsets; ++s) {
+        const int tier = tier_of(static_cast<Subset>(s), *m);
+        if ((tier == 5) != last || tier > last_tier(reach)) continue;
+        const auto& index = m->by_reuse[s];
+        for (It g = index.begin(); g != index.end();) {
+          const uint64_t gap = std::get<0>(g->first);
+          const It group_end = index.lower_bound({gap + 1, 0, 0, 0});
+          // Stage k holds the uses in [failed_before(k), failed_before(k - 1)); never the rest.
+          It hi = group_end;
+          for (int stage = 0; stage < ReuseHistory::kStages; ++stage) {
+            const It lo = index.lower_bound({gap, history.failed_before(gap, stage, now), 0, 0});
+            if (lo != hi) streams.push_back({lo, hi, tier > 2, tier});
+            hi = lo;
+          }
+          if (g != hi) streams.push_back({g, hi, tier > 2, tier});
+          g = group_end;
+        }
+      }
+    std::vector<ReuseRank> head(streams.size());
+    for (size_t i = 0; i < streams.size(); ++i)
+      head[i] = reuse_rank(history, *std::prev(streams[i].it)->second, streams[i].in_prompt, now);
+    for (;;) {
+      int pick = -1;
+      for (int i = 0; i < static_cast<int>(streams.size()); ++i)
+        if (streams[i].it != streams[i].begin && (pick < 0 || head[i] > head[pick])) pick = i;
+      if (pick < 0) break;
+      Stream& st = streams[pick];
+      --st.it;
+      if (!visit({st.it->second, st.tier})) return;
+      if (st.it != st.begin) head[pick] = reuse_rank(history, *std::prev(st.it)->second, st.in_prompt, now);
+    }
+  }
+}
+
+}  // namespace
 
 int tier_of(Subset s, const Model& m) {
   const bool in_prompt = m.in_prompt || m.active;
@@ -41,14 +105,14 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
       return a.c.pin->created > b.c.pin->created;
     });
   } else if (policy == PolicyKind::Reuse && reuse.history != nullptr) {
-    // Note [Reuse policy]: farthest predicted next use first.
-    for (Row& r : rows) r.next_use = reuse.history->next_use(*r.c.pin, reuse.now, r.c.tier > 2, r.m->active);
-    std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-      if ((a.c.tier == 5) != (b.c.tier == 5)) return b.c.tier == 5;  // active streaming pins last
-      if (a.next_use != b.next_use) return a.next_use > b.next_use;
-      if (a.c.pin->bytes != b.c.pin->bytes) return a.c.pin->bytes > b.c.pin->bytes;
-      return a.c.pin->created > b.c.pin->created;
+    // Note [Reuse policy]: the largest order key first.
+    std::vector<std::pair<ReuseRank, Row>> ranked;
+    for (const Row& r : rows) ranked.emplace_back(reuse_rank(*reuse.history, *r.c.pin, r.c.tier > 2, reuse.now), r);
+    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+      if ((a.second.c.tier == 5) != (b.second.c.tier == 5)) return b.second.c.tier == 5;  // active streaming pins last
+      return a.first > b.first;
     });
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = ranked[i].second;
   } else if (policy == PolicyKind::Lru) {
     std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
       if (a.c.tier != b.c.tier) return a.c.tier < b.c.tier;
@@ -71,6 +135,10 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
 
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
                          const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse) {
+  if (policy == PolicyKind::Reuse && reuse.history != nullptr && !reuse.history->clairvoyant()) {
+    walk_reuse_order(models, reach, *reuse.history, reuse.now, visit);
+    return;
+  }
   if ((policy == PolicyKind::Trace && trace.following()) || (policy == PolicyKind::Reuse && reuse.history)) {
     // Predictions move with every access: no index keeps them (Note [Eviction walk]).
     for (const Candidate& c : eviction_order(models, reach, policy, trace, reuse))

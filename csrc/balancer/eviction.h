@@ -62,6 +62,8 @@ struct Candidate {
 // Every pin of `models` within `reach`, first to free first, as `policy` orders
 // them; `trace` gives the trace policy's predictions while it is followed.
 // The reuse policy's view: its history and the clock now (Note [Reuse policy]).
+// The walk reads the models' by_reuse indexes, with the deadlines that passed
+// by `now` settled (Balancer::settle_reuse_locked).
 struct ReuseView {
   const ReuseHistory* history = nullptr;
   uint64_t now = 0;

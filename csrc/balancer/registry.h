@@ -3,10 +3,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -117,8 +119,7 @@ struct Pin {
   PinState state = PinState::Filling;
   int users = 0;                          // leases out (copies being issued)
   bool orphaned = false;                  // detached from its model; freed when users drops to 0
-  uint64_t reuse_loop = 0;                // reuse policy: its key's loop distance and prompt gap (Note [Reuse policy])
-  uint64_t reuse_gap = 0;
+  uint64_t reuse_gap = 0;  // the reuse policy: its key's prompt gap (Note [Reuse policy])
   size_t ring = SIZE_MAX;                 // its slot in the reclaim ring while linked (Note [Dead source reclaim])
 };
 
@@ -183,6 +184,10 @@ struct Model {
   std::map<uint64_t, Pin*> by_created[kSubsets];  // newest last
   // (last_use, created): least recently used first (Note [Eviction walk] in eviction.h).
   std::map<std::pair<uint64_t, uint64_t>, Pin*> by_use[kSubsets];
+  // (max(gap, 1), last_use, bytes, created): the reuse policy's groups, kept
+  // only while that policy is on (Note [Reuse policy] in reuse.h).
+  using ReuseKey = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>;
+  std::map<ReuseKey, Pin*> by_reuse[kSubsets];
 };
 
 // Every registered model, by id.

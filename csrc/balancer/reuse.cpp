@@ -4,17 +4,20 @@
 
 namespace pins {
 
-ReuseHistory::Learned ReuseHistory::record(const TraceKey& k, uint64_t now) {
+namespace {
+
+uint64_t mul_sat(uint64_t a, uint64_t b) { return b != 0 && a > ReuseHistory::kNever / b ? ReuseHistory::kNever : a * b; }
+uint64_t add_sat(uint64_t a, uint64_t b) { return a > ReuseHistory::kNever - b ? ReuseHistory::kNever : a + b; }
+
+}  // namespace
+
+uint64_t ReuseHistory::record(const TraceKey& k) {
   if (keys_.size() >= kLimit && !keys_.count(k)) keys_.clear();
   auto [it, fresh] = keys_.try_emplace(k);
   Entry& e = it->second;
-  if (!fresh) {
-    if (e.last_prompt == prompt_) e.loop = now - e.last;
-    else e.gap = prompt_ - e.last_prompt;
-  }
-  e.last = now;
+  if (!fresh && e.last_prompt != prompt_) e.gap = prompt_ - e.last_prompt;
   e.last_prompt = prompt_;
-  return {e.loop, e.gap};
+  return e.gap;
 }
 
 void ReuseHistory::end_prompt(uint64_t now) {
@@ -24,25 +27,29 @@ void ReuseHistory::end_prompt(uint64_t now) {
   prompt_++;
 }
 
-uint64_t ReuseHistory::next_use(const Pin& p, uint64_t now, bool in_prompt, bool running) const {
-  if (future_) return future_(p.key, now);
-  const uint64_t next = predict(p, now, running);
-  if (in_prompt || next == kNever) return next;
-  // A model the prompt does not use: not before the prompt ends.
-  return std::max(next, prompt_start_ + prompt_len(now));
-}
-
 uint64_t ReuseHistory::prompt_len(uint64_t now) const {
   return std::max<uint64_t>(prompt_len_ > 0 ? prompt_len_ : now - prompt_start_, 1);
 }
 
-uint64_t ReuseHistory::predict(const Pin& p, uint64_t now, bool running) const {
-  const uint64_t last = p.last_use;
-  if (running && p.reuse_loop > 0 && now <= last + p.reuse_loop + p.reuse_loop / 2) return last + p.reuse_loop;
-  const uint64_t d = std::max<uint64_t>(p.reuse_gap, 1) * prompt_len(now);
-  for (uint64_t next = last + d; next <= last + 4 * d; next += next - last)
-    if (now <= next + d / 2) return next;
+uint64_t ReuseHistory::failed_before(uint64_t gap, int stage, uint64_t now) const {
+  const uint64_t g = std::max<uint64_t>(gap, 1), len = prompt_len(now);
+  const uint64_t late = add_sat(mul_sat(g << stage, len), mul_sat(g, len) / 2);  // c L + g L / 2
+  return now > late ? now - late : 0;
+}
+
+uint64_t ReuseHistory::prediction(const Pin& p, uint64_t now) const {
+  // The first stage whose deadline has not passed: last + c L, c = g, 2g, 4g.
+  for (int stage = 0; stage < kStages; ++stage)
+    if (p.last_use >= failed_before(p.reuse_gap, stage, now))
+      return add_sat(p.last_use, mul_sat(std::max<uint64_t>(p.reuse_gap, 1) << stage, prompt_len(now)));
   return kNever;
+}
+
+uint64_t ReuseHistory::order_key(const Pin& p, bool in_prompt, uint64_t now) const {
+  if (future_) return future_(p.key, now);
+  const uint64_t next = prediction(p, now);
+  if (in_prompt || next == kNever) return next;
+  return std::max(next, add_sat(prompt_start_, prompt_len(now)));
 }
 
 }  // namespace pins

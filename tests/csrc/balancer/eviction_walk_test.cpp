@@ -2,6 +2,7 @@
 // eviction_order(), the reference, on random registries, and stops when asked.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <random>
 #include <utility>
 
@@ -25,7 +26,7 @@ struct Registry {
     return ref;
   }
   // Indexed as the balancer's link_locked() does.
-  void pin(Model& m, uint64_t storage, Subset s, size_t bytes, uint64_t last_use) {
+  void pin(Model& m, uint64_t storage, Subset s, size_t bytes, uint64_t last_use, uint64_t reuse_gap = 0) {
     auto p = std::make_unique<Pin>();
     p->key = PinKey{storage, 0, bytes};
     p->subset = s;
@@ -33,29 +34,31 @@ struct Registry {
     p->bytes = bytes;
     p->created = ++seq;
     p->last_use = last_use;
+    p->reuse_gap = reuse_gap;
     p->state = PinState::Live;
     Pin* raw = p.get();
     const int i = static_cast<int>(s);
     m.by_created[i].emplace(raw->created, raw);
     m.by_use[i].emplace(std::make_pair(raw->last_use, raw->created), raw);
+    m.by_reuse[i].emplace(ReuseHistory::index_key(*raw), raw);
     m.pins[i].emplace(raw->key, std::move(p));
   }
 };
 
 std::vector<std::pair<Pin*, int>> walked(const Registry& r, Reach reach, PolicyKind policy,
-                                         const TraceRecorder& trace) {
+                                         const TraceRecorder& trace, const ReuseView& reuse = {}) {
   std::vector<std::pair<Pin*, int>> out;
   walk_eviction_order(r.models, reach, policy, trace, [&](const Candidate& c) {
     out.emplace_back(c.pin, c.tier);
     return true;
-  });
+  }, reuse);
   return out;
 }
 
 std::vector<std::pair<Pin*, int>> reference(const Registry& r, Reach reach, PolicyKind policy,
-                                            const TraceRecorder& trace) {
+                                            const TraceRecorder& trace, const ReuseView& reuse = {}) {
   std::vector<std::pair<Pin*, int>> out;
-  for (const Candidate& c : eviction_order(r.models, reach, policy, trace)) out.emplace_back(c.pin, c.tier);
+  for (const Candidate& c : eviction_order(r.models, reach, policy, trace, reuse)) out.emplace_back(c.pin, c.tier);
   return out;
 }
 
@@ -75,6 +78,36 @@ TEST(EvictionWalk, SameOrderAsTheReferenceOnRandomRegistries) {
       for (PolicyKind policy : {PolicyKind::Mru, PolicyKind::Lru, PolicyKind::Trace})
         ASSERT_EQ(walked(r, reach, policy, none), reference(r, reach, policy, none))
             << "round " << round << " policy " << static_cast<int>(policy) << " reach " << last_tier(reach);
+  }
+}
+
+// Note [Reuse policy]: the walk over the by_reuse indexes (gap groups cut into
+// stages) is the reference order, for any clock and prompt length: pins at
+// every stage, never expected ones, models in and out of the prompt, ties.
+TEST(EvictionWalk, ReuseSameOrderAsTheReferenceOnRandomRegistries) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("EvictionWalk.ReuseSameOrderAsTheReferenceOnRandomRegistries seed %llu\n",
+              static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const TraceRecorder none;
+  for (int round = 0; round < 300; ++round) {
+    Registry r;
+    ReuseHistory h;
+    const uint64_t len = 1 + rng() % 40;
+    if (rng() % 4 != 0) h.end_prompt(len);  // else no prompt ended: the prompt so far is the length
+    const int models = 1 + static_cast<int>(rng() % 4);
+    for (int id = 0; id < models; ++id) {
+      Model& m = r.add(id, rng() % 2 == 0, rng() % 4 == 0);
+      const int pins = static_cast<int>(rng() % 14);
+      for (int k = 0; k < pins; ++k)
+        r.pin(m, 1000 * id + k, static_cast<Subset>(rng() % kSubsets), 1 + rng() % 3, rng() % (6 * len),
+              rng() % 4);  // ties in last use, gaps 0-3
+    }
+    const uint64_t now = len + rng() % (8 * len);
+    for (Reach reach : {Reach::SparePromptStreaming, Reach::SpareActive, Reach::All})
+      ASSERT_EQ(walked(r, reach, PolicyKind::Reuse, none, {&h, now}),
+                reference(r, reach, PolicyKind::Reuse, none, {&h, now}))
+          << "seed " << seed << " round " << round << " reach " << last_tier(reach) << " now " << now;
   }
 }
 

@@ -1,98 +1,94 @@
 // Note [Reuse policy]: what the history learns, the predictions and their
-// hedging, computed by hand; the eviction order it gives.
+// hedging, computed by hand; the eviction order they give, and the balancer
+// keeping its indexes through uses, evictions and changes of policy.
 #include "csrc/balancer/reuse.h"
 
 #include <gtest/gtest.h>
 
+#include "csrc/balancer/balancer.h"
 #include "csrc/balancer/eviction.h"
+#include "csrc/base/size.h"
+#include "csrc/pool/backend.h"
 
 namespace pins {
 namespace {
 
 TraceKey w(uint64_t storage) { return TraceKey{0, Kind::Weights, PinKey{storage, 0, 1}}; }
 
-// A pin as the balancer leaves it after an access at `now`.
-Pin accessed(ReuseHistory& h, uint64_t storage, uint64_t now) {
-  const ReuseHistory::Learned l = h.record(w(storage), now);
+Pin used(uint64_t storage, uint64_t last, uint64_t gap) {
   Pin p;
   p.key = w(storage).key;
-  p.last_use = now;
-  p.reuse_loop = l.loop;
-  p.reuse_gap = l.gap;
+  p.last_use = last;
+  p.reuse_gap = gap;
   return p;
 }
 
-TEST(ReuseHistory, LearnsTheLoopDistanceInsideAPrompt) {
+TEST(ReuseHistory, LearnsThePromptGap) {
   ReuseHistory h;
-  EXPECT_EQ(h.record(w(1), 1).loop, 0u) << "a first use knows nothing";
-  h.record(w(2), 2);
-  h.record(w(3), 3);
-  const Pin p = accessed(h, 1, 4);  // one step of a loop of three later
-  EXPECT_EQ(p.reuse_loop, 3u);
-  EXPECT_EQ(p.reuse_gap, 0u) << "no other prompt used it";
-  EXPECT_EQ(h.next_use(p, 5, true, true), 7u) << "the loop goes on: next step";
-  EXPECT_EQ(h.next_use(p, 8, true, true), 7u) << "within half a loop late it still counts";
-  EXPECT_EQ(h.next_use(p, 5, true, false), 9u)
-      << "its model stopped: back with the next prompt (one prompt: this one's 5 accesses so far)";
-}
-
-TEST(ReuseHistory, AcrossPromptsItPredictsTheGapAndHedgesWhenItFails) {
-  ReuseHistory h;
-  // Prompt 0: keys 1..10 once each (10 accesses), prompt 1 likewise, prompt 2 not 1.
-  for (uint64_t t = 1; t <= 10; ++t) h.record(w(t), t);
-  h.end_prompt(10);
-  for (uint64_t t = 11; t <= 20; ++t) h.record(w(t - 10), t);
-  h.end_prompt(20);
-  Pin p;
-  p.key = w(1).key;
-  p.last_use = 11;
-  p.reuse_gap = h.record(w(1), 11).gap;  // what the balancer stored at that access
-  EXPECT_EQ(p.reuse_gap, 1u) << "used in prompts 0 and 1";
-  EXPECT_EQ(h.next_use(p, 21, true, true), 21u) << "back one prompt (10 accesses) later";
-  EXPECT_EQ(h.next_use(p, 26, true, true), 21u) << "a prediction holds until half a prompt past it";
-  EXPECT_EQ(h.next_use(p, 27, true, true), 31u) << "then two prompts";
-  EXPECT_EQ(h.next_use(p, 37, true, true), 51u) << "then four";
-  EXPECT_EQ(h.next_use(p, 57, true, true), ReuseHistory::kNever) << "then never";
-}
-
-TEST(ReuseHistory, TwoWorkflowsAlternatingLearnAGapOfTwo) {
-  ReuseHistory h;
-  uint64_t t = 0;
-  for (int prompt = 0; prompt < 3; ++prompt) {
-    const uint64_t base = prompt % 2 == 0 ? 100 : 200;  // A B A
-    for (uint64_t k = 0; k < 5; ++k) h.record(w(base + k), ++t);
-    h.end_prompt(t);
-  }
-  EXPECT_EQ(h.record(w(200), ++t).gap, 2u) << "B ran in prompts 1 and 3";
+  EXPECT_EQ(h.record(w(1)), 0u) << "a first use knows nothing";
+  EXPECT_EQ(h.record(w(1)), 0u) << "nor a second one in the same prompt";
+  h.end_prompt(2);
+  EXPECT_EQ(h.record(w(1)), 1u) << "a rerun";
+  h.end_prompt(3);
+  h.end_prompt(3);  // an empty prompt is no prompt
+  h.record(w(2));
+  h.end_prompt(4);
+  EXPECT_EQ(h.record(w(1)), 2u) << "one prompt in between";
   EXPECT_EQ(h.prompt(), 3u);
+}
+
+TEST(ReuseHistory, PredictsTheSamePointOfALaterPromptAndHedges) {
+  ReuseHistory h;
+  h.end_prompt(10);  // one prompt of 10 accesses
+  const Pin p = used(1, 11, 1);
+  EXPECT_EQ(h.prediction(p, 12), 21u) << "back one prompt (10 accesses) later";
+  EXPECT_EQ(h.prediction(p, 26), 21u) << "a prediction holds until half a prompt past it";
+  EXPECT_EQ(h.prediction(p, 27), 31u) << "then two prompts";
+  EXPECT_EQ(h.prediction(p, 37), 51u) << "then four";
+  EXPECT_EQ(h.prediction(p, 56), 51u);
+  EXPECT_EQ(h.prediction(p, 57), ReuseHistory::kNever) << "then never";
+  const Pin q = used(2, 11, 2);  // two workflows alternating: two prompts, hedged by a prompt
+  EXPECT_EQ(h.prediction(q, 12), 31u);
+  EXPECT_EQ(h.prediction(q, 41), 31u);
+  EXPECT_EQ(h.prediction(q, 42), 51u);
+  EXPECT_EQ(h.failed_before(1, 0, 27), 12u) << "uses before 12 have failed stage 0 by 27: 27 - (10 + 5)";
+  EXPECT_EQ(h.failed_before(1, 0, 5), 0u);
+}
+
+TEST(ReuseHistory, BeforeAnyPromptEndedThePromptSoFarIsTheLength) {
+  ReuseHistory h;
+  const Pin p = used(1, 4, 0);
+  EXPECT_EQ(h.prediction(p, 6), 10u) << "6 accesses so far";
+  EXPECT_EQ(h.prediction(p, 20), 24u);
 }
 
 TEST(ReuseHistory, AModelOutsideThePromptIsNotExpectedBeforeItEnds) {
   ReuseHistory h;
-  for (uint64_t t = 1; t <= 10; ++t) h.record(w(t), t);
   h.end_prompt(10);
-  Pin r;  // key 3, used once at 3: expected one prompt later, at 13
-  r.key = w(3).key;
-  r.last_use = 3;
-  EXPECT_EQ(h.next_use(r, 15, true, false), 13u);
-  EXPECT_EQ(h.next_use(r, 15, false, false), 20u) << "the prompt started at 10 and lasts 10 accesses";
-  accessed(h, 1, 11);
-  for (uint64_t t = 12; t <= 13; ++t) h.record(w(t), t);
-  const Pin q = accessed(h, 1, 14);  // a loop of 3, and used in the last prompt
-  EXPECT_EQ(h.next_use(q, 15, true, true), 17u) << "its model runs: the next step";
-  EXPECT_EQ(h.next_use(q, 15, true, false), 24u) << "its model stopped: the next prompt";
+  const Pin r = used(3, 3, 0);  // used once at 3: expected at 13
+  EXPECT_EQ(h.order_key(r, true, 15), 13u);
+  EXPECT_EQ(h.order_key(r, false, 15), 20u) << "the prompt started at 10 and lasts 10 accesses";
+  EXPECT_EQ(h.order_key(r, false, 200), ReuseHistory::kNever) << "never stays never";
 }
 
 TEST(ReuseHistory, ForgetsEverythingPastItsLimit) {
   ReuseHistory h;
-  for (uint64_t k = 0; k < ReuseHistory::kLimit; ++k) h.record(w(k), k + 1);
+  for (uint64_t k = 0; k < ReuseHistory::kLimit; ++k) h.record(w(k));
   EXPECT_EQ(h.keys(), ReuseHistory::kLimit);
-  h.record(w(ReuseHistory::kLimit), ReuseHistory::kLimit + 1);
+  h.record(w(ReuseHistory::kLimit));
   EXPECT_EQ(h.keys(), 1u) << "memory stays bounded";
 }
 
-// Eviction: farthest predicted next use first over tiers 1-4 (never first,
-// larger first on a tie), active streaming pins last.
+TEST(ReuseHistory, ClairvoyantAsksTheFuture) {
+  ReuseHistory h;
+  h.set_future([](const PinKey& k, uint64_t now) { return k.storage == 1 ? now + 5 : ReuseHistory::kNever; });
+  EXPECT_TRUE(h.clairvoyant());
+  EXPECT_EQ(h.order_key(used(1, 0, 0), false, 10), 15u);
+  EXPECT_EQ(h.order_key(used(2, 0, 0), true, 10), ReuseHistory::kNever);
+}
+
+// Eviction: the largest order key first over tiers 1-4, never first, active
+// streaming pins last.
 TEST(ReuseHistory, EvictionTakesTheFarthestPredictedUseFirst) {
   Models models;
   const auto add = [&](ModelId id, bool in_prompt, bool active) -> Model& {
@@ -105,18 +101,18 @@ TEST(ReuseHistory, EvictionTakesTheFarthestPredictedUseFirst) {
     return ref;
   };
   uint64_t created = 0;
-  const auto pin = [&](Model& m, uint64_t storage, uint64_t last, uint64_t loop, uint64_t gap, size_t bytes = 1) {
+  const auto pin = [&](Model& m, uint64_t storage, uint64_t last, uint64_t gap) {
     auto p = std::make_unique<Pin>();
-    p->key = PinKey{storage, 0, bytes};
+    p->key = PinKey{storage, 0, 1};
     p->subset = Subset::Weights;
     p->model = m.id;
-    p->bytes = bytes;
+    p->bytes = 1;
     p->created = ++created;
     p->last_use = last;
-    p->reuse_loop = loop;
     p->reuse_gap = gap;
     p->state = PinState::Live;
     m.by_created[0].emplace(p->created, p.get());
+    m.by_reuse[0].emplace(ReuseHistory::index_key(*p), p.get());
     m.pins[0].emplace(p->key, std::move(p));
   };
   ReuseHistory h;
@@ -124,21 +120,27 @@ TEST(ReuseHistory, EvictionTakesTheFarthestPredictedUseFirst) {
   Model& in = add(0, true, false);
   Model& out = add(1, false, false);
   Model& act = add(2, true, true);
-  pin(in, 1, 110, 10, 0);      // looped, but its model stopped: one prompt later, 210
-  pin(in, 2, 112, 10, 0);      // 212
-  pin(in, 3, 105, 0, 1);       // next prompt: 205
-  pin(out, 4, 90, 0, 2);       // two prompts later: 290
-  pin(in, 5, 10, 0, 0);        // one prompt later: 110, not past 110 + 50 yet
-  pin(in, 6, 1, 0, 0);         // 101
-  pin(out, 8, 1, 0, 0);        // outside the prompt: not before its end, 200
-  pin(act, 7, 114, 10, 0);     // tier 5, last; its model runs: the next step, 124
-  pin(act, 9, 113, 10, 0);     // 123: the most recently used of the loop first
-  const std::vector<Candidate> order =
-      eviction_order(models, Reach::All, PolicyKind::Reuse, TraceRecorder{}, ReuseView{&h, 115});
+  pin(in, 1, 110, 0);   // one prompt later: 210
+  pin(in, 2, 112, 0);   // 212
+  pin(in, 3, 105, 1);   // 205
+  pin(out, 4, 90, 2);   // two prompts later: 290
+  pin(in, 5, 10, 0);    // 110, not past 110 + 50 yet
+  pin(in, 6, 1, 0);     // 101
+  pin(out, 8, 1, 0);    // outside the prompt: not before its end, 200
+  pin(act, 7, 114, 0);  // tier 5: last
+  const ReuseView view{&h, 115};
   std::vector<uint64_t> got;
-  for (const Candidate& c : order) got.push_back(c.pin->key.storage);
-  EXPECT_EQ(got, (std::vector<uint64_t>{4, 2, 1, 3, 8, 5, 6, 7, 9}));
-  // Later, 6 and 8 missed every expected use: never, so first (newer first on a tie).
+  for (const Candidate& c : eviction_order(models, Reach::All, PolicyKind::Reuse, TraceRecorder{}, view))
+    got.push_back(c.pin->key.storage);
+  EXPECT_EQ(got, (std::vector<uint64_t>{4, 2, 1, 3, 8, 5, 6, 7}));
+  std::vector<uint64_t> walked;
+  walk_eviction_order(models, Reach::All, PolicyKind::Reuse, TraceRecorder{}, [&](const Candidate& c) {
+    walked.push_back(c.pin->key.storage);
+    return true;
+  }, view);
+  EXPECT_EQ(walked, got) << "the indexes give the same order";
+  // At 460, 6 and 8 missed every expected use: never, so first (later use,
+  // then newer, first on a tie: 8 was made after 6).
   const std::vector<Candidate> later =
       eviction_order(models, Reach::SpareActive, PolicyKind::Reuse, TraceRecorder{}, ReuseView{&h, 460});
   ASSERT_EQ(later.size(), 7u);
@@ -146,14 +148,89 @@ TEST(ReuseHistory, EvictionTakesTheFarthestPredictedUseFirst) {
   EXPECT_EQ(later[1].pin->key.storage, 6u);
 }
 
-TEST(ReuseHistory, ClairvoyantAsksTheFuture) {
-  ReuseHistory h;
-  h.set_future([](const PinKey& k, uint64_t now) { return k.storage == 1 ? now + 5 : ReuseHistory::kNever; });
-  Pin p;
-  p.key = w(1).key;
-  EXPECT_EQ(h.next_use(p, 10, true, true), 15u);
-  p.key = w(2).key;
-  EXPECT_EQ(h.next_use(p, 10, true, true), ReuseHistory::kNever);
+// RAM for 4 pins of U above the reserve: the balancer evicts as the policy says.
+class FixedProbe : public MemoryProbe {
+ public:
+  explicit FixedProbe(HostPool& pool) : pool_(pool) {}
+  MemoryInfo read() override {
+    MemoryInfo m;
+    m.total = 64 * GiB;
+    const uint64_t free = 2 * GiB + 4 * kU, used = pool_.committed_bytes();
+    m.available = free > used ? free - used : 0;
+    return m;
+  }
+  static constexpr uint64_t kU = 64 * MiB;
+
+ private:
+  HostPool& pool_;
+};
+
+struct Rig {
+  explicit Rig(PolicyKind policy) : pool(make_null_backend(), opts()), probe(pool), bal(config(policy), pool, probe) {
+    a = bal.register_model("a", "cuda:0");
+    b = bal.register_model("b", "cuda:0");
+  }
+  static PoolOptions opts() {
+    PoolOptions o;
+    o.extent_min = 1 * MiB;
+    o.retain_free = 0;
+    return o;
+  }
+  static Config config(PolicyKind policy) {
+    Config c;
+    c.policy = policy;
+    c.pin_slack = 0;
+    c.ceiling_min = 0;
+    c.ceiling_max = 1;
+    c.ceiling_reserve = 0;
+    c.ceiling_swap_reserve = 0;
+    return c;
+  }
+  bool cast(ModelId m, uint64_t key) {
+    Request r;
+    r.model = m;
+    r.key = PinKey{key, 0, FixedProbe::kU};
+    r.bytes = FixedProbe::kU;
+    Lease l = bal.acquire(r);
+    if (l && l.needs_fill()) l.filled();
+    return l && l.hit();
+  }
+  void prompt(ModelId m, std::initializer_list<uint64_t> keys) {
+    bal.mark_prompt({m});
+    for (uint64_t k : keys) cast(m, k);
+    bal.end_prompt();
+  }
+  std::vector<uint64_t> pinned() const {
+    std::vector<uint64_t> out;
+    for (const Balancer::PinInfo& p : bal.pins()) out.push_back(p.key.storage);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  HostPool pool;
+  FixedProbe probe;
+  Balancer bal;
+  ModelId a = -1, b = -1;
+};
+
+// The indexes follow the pins: built when the policy is switched on with pins
+// there, moved at every hit, dropped with every eviction (the sanitizer runs
+// would see a dangling entry), cleared when it is switched off.
+TEST(ReuseHistory, TheBalancerKeepsItsIndexesThroughUsesEvictionsAndPolicyChanges) {
+  Rig r(PolicyKind::Mru);
+  r.prompt(r.a, {1, 2, 3, 4});
+  r.bal.configure(Rig::config(PolicyKind::Reuse));  // indexes built from the pins there
+  r.prompt(r.b, {11, 12});
+  r.prompt(r.a, {1, 2, 3, 4});
+  r.prompt(r.b, {11, 12});
+  EXPECT_EQ(r.pinned().size(), 4u) << "RAM for four";
+  // Every pin stays evictable and indexed: switching back and forth and
+  // evicting everything leaves nothing behind.
+  r.bal.configure(Rig::config(PolicyKind::Mru));
+  r.bal.configure(Rig::config(PolicyKind::Reuse));
+  EXPECT_EQ(r.bal.free(64 * FixedProbe::kU), 4 * FixedProbe::kU);
+  EXPECT_TRUE(r.pinned().empty());
+  r.prompt(r.a, {1, 2});
+  EXPECT_EQ(r.pinned(), (std::vector<uint64_t>{1, 2}));
 }
 
 }  // namespace
