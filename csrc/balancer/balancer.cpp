@@ -878,6 +878,7 @@ BalancerStats Balancer::stats() const {
   out.relieve_calls = relieve_calls_;
   out.trace_departures = trace_.departures();
   out.trace_records = static_cast<int64_t>(trace_.records());
+  out.reuse_keys = static_cast<int64_t>(reuse_.keys());
   out.prompt = prompt_;
   return out;
 }

@@ -29,7 +29,9 @@
 // each (g, stage) is a range of one ordered index (Model::by_reuse) and a
 // decision merges the heads of those ranges (few: gaps are small numbers)
 // instead of sorting every pin; nothing is recomputed at a boundary.
-// History entries: at most kLimit, the whole history forgotten when passed.
+// History entries: at most kLimit (2^18 sources, about 25 MiB at most; a
+// workflow's weights are thousands), the whole history forgotten when passed;
+// `reuse_keys` in the stats counts them.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +47,7 @@ namespace pins {
 // Not thread-safe: the Balancer holds it under its mutex.
 class ReuseHistory {
  public:
-  static constexpr size_t kLimit = size_t{1} << 20;
+  static constexpr size_t kLimit = size_t{1} << 18;
   static constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
   static constexpr int kStages = 3;  // c = max(g, 1) x 1, 2, 4, then never
 

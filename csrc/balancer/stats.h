@@ -44,6 +44,7 @@ struct BalancerStats {
   int64_t relieve_calls = 0;       // COUNT
   int64_t trace_departures = 0;    // COUNT prompts that departed from every record (Note [Trace policy])
   int64_t trace_records = 0;       // level: prompt records kept
+  int64_t reuse_keys = 0;          // level: sources the reuse policy's history holds (Note [Reuse policy])
   bool prompt = false;             // level: a prompt is running
 
   int64_t bypassed_all() const {  // COUNT casts for a model served from the source, every reason

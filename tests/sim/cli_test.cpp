@@ -246,5 +246,37 @@ TEST(SimCli, BundledTracesSmoke) {
   EXPECT_LE(j["policies"][1]["steady_run"].get<int>(), 3);
 }
 
+// --suite (profiling/sim/suite.h): the report, errors naming the argument, and
+// a scenario written out as a trace.
+TEST(SimCli, Suite) {
+  const std::string csv_arg = std::string(PINS_SIM_DATA_DIR) + "/model_params.csv";
+  const Result r = cli({"--suite", "--scenarios", "8", "--threads", "1", "--params", csv_arg});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("seed 1, 8 scenarios"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("per pattern"), std::string::npos);
+  EXPECT_NE(r.out.find("\nRESULT policy=mru seed=1 scenarios=8 vs_oracle="), std::string::npos) << r.out;
+
+  const Result mixed = cli({"--suite", "--trace", "x.json"});
+  EXPECT_EQ(mixed.rc, 2);
+  EXPECT_NE(mixed.err.find("--suite generates its scenarios"), std::string::npos) << mixed.err;
+  const Result bad_seed = cli({"--suite", "--seed", "abc"});
+  EXPECT_EQ(bad_seed.rc, 2);
+  EXPECT_NE(bad_seed.err.find("--seed: expected an integer of at least 0, got \"abc\""), std::string::npos)
+      << bad_seed.err;
+  const Result bad_count = cli({"--suite", "--scenarios", "0"});
+  EXPECT_NE(bad_count.err.find("--scenarios: expected an integer of at least 1, got \"0\""), std::string::npos);
+
+  // A scenario written out replays as a trace, with the same oracle figures.
+  TempDir d;
+  const std::string file = d.file("s4.json");
+  ASSERT_EQ(cli({"--suite", "--write-trace", "4:" + file, "--params", csv_arg}).rc, 0);
+  const Result replay = cli({"--trace", file, "--policy", "oracle", "--markdown"});
+  ASSERT_EQ(replay.rc, 0) << replay.err;
+  EXPECT_NE(replay.out.find("| two-alternating |"), std::string::npos) << replay.out;
+  const Result bad_write = cli({"--suite", "--write-trace", "4"});
+  EXPECT_EQ(bad_write.rc, 2);
+  EXPECT_NE(bad_write.err.find("--write-trace: expected INDEX:FILE"), std::string::npos) << bad_write.err;
+}
+
 }  // namespace
 }  // namespace pins::sim

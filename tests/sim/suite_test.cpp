@@ -1,6 +1,6 @@
 // The scenario suite (Note [Simulator suite] in profiling/sim/suite.h): the
 // generator's determinism and coverage, the figures computed by hand, the
-// bounds every replay must respect, and the --suite command line.
+// bounds every replay must respect (the --suite command line: cli_test.cpp).
 #include "profiling/sim/suite.h"
 
 #include <gtest/gtest.h>
@@ -11,7 +11,6 @@
 #include <set>
 #include <sstream>
 
-#include "profiling/sim/cli.h"
 
 namespace pins::sim {
 namespace {
@@ -120,47 +119,6 @@ TEST(SimSuite, NoPolicyPinsPastRamWithoutHeadroom) {
   o.conf = "headroom:0,pin_reserve:0";
   const SuiteResult r = run_suite(1, 16, {"mru", "reuse"}, params(), o, 2);
   for (const SuiteFigures& f : suite_figures(r)) EXPECT_EQ(f.below_ram_bound, 0) << f.policy;
-}
-
-struct Result {
-  int rc;
-  std::string out, err;
-};
-Result cli(std::vector<std::string> args) {
-  std::ostringstream out, err;
-  const int rc = run_cli(args, out, err);
-  return {rc, out.str(), err.str()};
-}
-
-TEST(SimSuite, CommandLine) {
-  const std::string csv_arg = std::string(PINS_SIM_DATA_DIR) + "/model_params.csv";
-  const Result r = cli({"--suite", "--scenarios", "8", "--threads", "1", "--params", csv_arg});
-  ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("seed 1, 8 scenarios"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("per pattern"), std::string::npos);
-  EXPECT_NE(r.out.find("\nRESULT policy=mru seed=1 scenarios=8 vs_oracle="), std::string::npos) << r.out;
-
-  const Result mixed = cli({"--suite", "--trace", "x.json"});
-  EXPECT_EQ(mixed.rc, 2);
-  EXPECT_NE(mixed.err.find("--suite generates its scenarios"), std::string::npos) << mixed.err;
-  const Result bad_seed = cli({"--suite", "--seed", "abc"});
-  EXPECT_EQ(bad_seed.rc, 2);
-  EXPECT_NE(bad_seed.err.find("--seed: expected an integer of at least 0, got \"abc\""), std::string::npos)
-      << bad_seed.err;
-  const Result bad_count = cli({"--suite", "--scenarios", "0"});
-  EXPECT_NE(bad_count.err.find("--scenarios: expected an integer of at least 1, got \"0\""), std::string::npos);
-
-  // A scenario written out replays as a trace, with the same oracle figures.
-  const std::string file = (std::filesystem::temp_directory_path() /
-                            ("pins_suite_" + std::to_string(::getpid()) + ".json")).string();
-  ASSERT_EQ(cli({"--suite", "--write-trace", "4:" + file, "--params", csv_arg}).rc, 0);
-  const Result replay = cli({"--trace", file, "--policy", "oracle", "--markdown"});
-  std::remove(file.c_str());
-  ASSERT_EQ(replay.rc, 0) << replay.err;
-  EXPECT_NE(replay.out.find("| two-alternating |"), std::string::npos) << replay.out;
-  const Result bad_write = cli({"--suite", "--write-trace", "4"});
-  EXPECT_EQ(bad_write.rc, 2);
-  EXPECT_NE(bad_write.err.find("--write-trace: expected INDEX:FILE"), std::string::npos) << bad_write.err;
 }
 
 }  // namespace

@@ -622,6 +622,32 @@ TEST(BalancerPolicy, TraceRecordsAreBounded) {
   EXPECT_EQ(f.bal.stats().trace_records, 2) << "recording resumes after the boundary";
 }
 
+// Note [Reuse policy]: the indexes follow the pins: built when the policy is
+// switched on with pins there, moved at every hit, dropped with every eviction
+// (the sanitizer runs would see a dangling entry), cleared when it is switched
+// off; the history counts sources, recorded under reuse only.
+TEST(BalancerPolicy, ReuseKeepsItsIndexesThroughUsesEvictionsAndPolicyChanges) {
+  Fixture f(4);
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  f.prompt(a, {1, 2, 3, 4});
+  EXPECT_EQ(f.bal.stats().reuse_keys, 0) << "mru keeps no history";
+  Config c = base_config();
+  c.policy = PolicyKind::Reuse;
+  f.bal.configure(c);  // indexes built from the four pins there
+  f.prompt(b, {11, 12});
+  f.prompt(a, {1, 2, 3, 4});
+  f.prompt(b, {11, 12});
+  EXPECT_EQ(f.bal.pins().size(), 4u) << "RAM for four";
+  EXPECT_EQ(f.bal.stats().reuse_keys, 6);
+  f.bal.configure(base_config());
+  f.bal.configure(c);
+  EXPECT_EQ(f.bal.free(64 * U), 4 * U);
+  EXPECT_TRUE(f.bal.pins().empty());
+  f.prompt(a, {1, 2});
+  EXPECT_EQ(f.bal.pins().size(), 2u);
+}
+
 // ------------------------------------------------------------------ staleness the caller reports
 // Note [Pin validity], Note [Source index].
 

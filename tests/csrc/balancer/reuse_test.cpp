@@ -1,14 +1,11 @@
 // Note [Reuse policy]: what the history learns, the predictions and their
-// hedging, computed by hand; the eviction order they give, and the balancer
-// keeping its indexes through uses, evictions and changes of policy.
+// hedging, computed by hand, and the eviction order they give (the balancer's
+// part: BalancerPolicy.Reuse* in balancer_test.cpp).
 #include "csrc/balancer/reuse.h"
 
 #include <gtest/gtest.h>
 
-#include "csrc/balancer/balancer.h"
 #include "csrc/balancer/eviction.h"
-#include "csrc/base/size.h"
-#include "csrc/pool/backend.h"
 
 namespace pins {
 namespace {
@@ -146,91 +143,6 @@ TEST(ReuseHistory, EvictionTakesTheFarthestPredictedUseFirst) {
   ASSERT_EQ(later.size(), 7u);
   EXPECT_EQ(later[0].pin->key.storage, 8u);
   EXPECT_EQ(later[1].pin->key.storage, 6u);
-}
-
-// RAM for 4 pins of U above the reserve: the balancer evicts as the policy says.
-class FixedProbe : public MemoryProbe {
- public:
-  explicit FixedProbe(HostPool& pool) : pool_(pool) {}
-  MemoryInfo read() override {
-    MemoryInfo m;
-    m.total = 64 * GiB;
-    const uint64_t free = 2 * GiB + 4 * kU, used = pool_.committed_bytes();
-    m.available = free > used ? free - used : 0;
-    return m;
-  }
-  static constexpr uint64_t kU = 64 * MiB;
-
- private:
-  HostPool& pool_;
-};
-
-struct Rig {
-  explicit Rig(PolicyKind policy) : pool(make_null_backend(), opts()), probe(pool), bal(config(policy), pool, probe) {
-    a = bal.register_model("a", "cuda:0");
-    b = bal.register_model("b", "cuda:0");
-  }
-  static PoolOptions opts() {
-    PoolOptions o;
-    o.extent_min = 1 * MiB;
-    o.retain_free = 0;
-    return o;
-  }
-  static Config config(PolicyKind policy) {
-    Config c;
-    c.policy = policy;
-    c.pin_slack = 0;
-    c.ceiling_min = 0;
-    c.ceiling_max = 1;
-    c.ceiling_reserve = 0;
-    c.ceiling_swap_reserve = 0;
-    return c;
-  }
-  bool cast(ModelId m, uint64_t key) {
-    Request r;
-    r.model = m;
-    r.key = PinKey{key, 0, FixedProbe::kU};
-    r.bytes = FixedProbe::kU;
-    Lease l = bal.acquire(r);
-    if (l && l.needs_fill()) l.filled();
-    return l && l.hit();
-  }
-  void prompt(ModelId m, std::initializer_list<uint64_t> keys) {
-    bal.mark_prompt({m});
-    for (uint64_t k : keys) cast(m, k);
-    bal.end_prompt();
-  }
-  std::vector<uint64_t> pinned() const {
-    std::vector<uint64_t> out;
-    for (const Balancer::PinInfo& p : bal.pins()) out.push_back(p.key.storage);
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-  HostPool pool;
-  FixedProbe probe;
-  Balancer bal;
-  ModelId a = -1, b = -1;
-};
-
-// The indexes follow the pins: built when the policy is switched on with pins
-// there, moved at every hit, dropped with every eviction (the sanitizer runs
-// would see a dangling entry), cleared when it is switched off.
-TEST(ReuseHistory, TheBalancerKeepsItsIndexesThroughUsesEvictionsAndPolicyChanges) {
-  Rig r(PolicyKind::Mru);
-  r.prompt(r.a, {1, 2, 3, 4});
-  r.bal.configure(Rig::config(PolicyKind::Reuse));  // indexes built from the pins there
-  r.prompt(r.b, {11, 12});
-  r.prompt(r.a, {1, 2, 3, 4});
-  r.prompt(r.b, {11, 12});
-  EXPECT_EQ(r.pinned().size(), 4u) << "RAM for four";
-  // Every pin stays evictable and indexed: switching back and forth and
-  // evicting everything leaves nothing behind.
-  r.bal.configure(Rig::config(PolicyKind::Mru));
-  r.bal.configure(Rig::config(PolicyKind::Reuse));
-  EXPECT_EQ(r.bal.free(64 * FixedProbe::kU), 4 * FixedProbe::kU);
-  EXPECT_TRUE(r.pinned().empty());
-  r.prompt(r.a, {1, 2});
-  EXPECT_EQ(r.pinned(), (std::vector<uint64_t>{1, 2}));
 }
 
 }  // namespace
