@@ -742,13 +742,13 @@ void World::op_free() {
 }
 
 void World::op_configure() {
-  static const char* const kPolicies[] = {"mru", "lru", "trace"};
+  static const char* const kPolicies[] = {"mru", "lru", "trace", "reuse"};
   // Mostly the defaults (budget never binding here); sometimes a headroom
   // larger than the machine's RAM, so every new pin first frees and then is
   // refused (`bypassed.refused`, evictions along the tiers).
   static const char* const kHeadroom[] = {"4G", "4G", "4G", "0", "1M", "1T"};
   std::ostringstream os;
-  os << "policy:" << kPolicies[pick(3)] << ",fast_disk:" << (chance(0.2) ? "true" : "false")
+  os << "policy:" << kPolicies[pick(4)] << ",fast_disk:" << (chance(0.2) ? "true" : "false")
      << ",headroom:" << kHeadroom[pick(6)] << ",pin_reserve:" << (chance(0.5) ? "2G" : "0")
      << ",pin_slack:" << (chance(0.5) ? "256M" : "64K") << ",relieve_slack:" << (chance(0.5) ? "512M" : "0");
   if (!solo_) os << ",monitor:" << (chance(0.3) ? "true,monitor_interval_ms:5" : "false");
