@@ -39,7 +39,8 @@ DEFAULT_TRACE = os.path.join("profiling", "traces", "demo_wan22_scaled.json")
 DEFAULT_OUT = os.path.join("build", "demo")
 # How long pins' reading of the demo's meminfo stands (PINS_CONF memory_max_age_us): Note [Demo machine].
 DEMO_READING_AGE_US = 5000
-POLICIES = ("none", "lru", "mru", "trace")
+POLICIES = ("none", "lru", "mru", "trace", "reuse")
+DEFAULT_POLICIES = ("none", "lru", "mru", "trace")  # reuse on request (--policy)
 # The balancer's fixed byte constants (defaults: 2 GiB, 256 MiB, 512 MiB, sized
 # for 16-64 GiB machines) divided by 24 like every size of the default trace,
 # whose machine is the full-size WAN trace's divided by 24. Used with that trace
@@ -460,7 +461,7 @@ def plot(report: dict, path: str) -> None:
     labels = [f"{r['run']}\n{r['prompt']}" for r in runs]
     x = list(range(len(runs)))
     width = 0.8 / len(policies)
-    colors = {"none": "#7f7f7f", "lru": "#d62728", "mru": "#1f77b4", "trace": "#2ca02c"}
+    colors = {"none": "#7f7f7f", "lru": "#d62728", "mru": "#1f77b4", "trace": "#2ca02c", "reuse": "#9467bd"}
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7.5), sharex=True)
     for k, p in enumerate(policies):
         rs = report["policies"][p]["runs"]
@@ -499,8 +500,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"the workflow, in pins-sim's trace format (default: {DEFAULT_TRACE} of the checkout)")
     p.add_argument("--sequence", default=None, metavar="NAME", help="the trace's sequence to replay (default: its first)")
     p.add_argument("--runs", default=None, metavar="N", help="runs to replay (default: the sequence's)")
-    p.add_argument("--policy", default=",".join(POLICIES), metavar="LIST",
-                   help="comma-separated from none (no pins), lru, mru, trace; default all four")
+    p.add_argument("--policy", default=",".join(DEFAULT_POLICIES), metavar="LIST",
+                   help="comma-separated from none (no pins), lru, mru, trace, reuse; default all but reuse")
     p.add_argument("--files", default=None, metavar="MODEL=PATH,...",
                    help="your own safetensors files for models of the trace; their layers replace the trace's. "
                         "Models not named get synthetic files in --models-dir")

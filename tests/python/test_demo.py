@@ -37,7 +37,7 @@ TRACE = """{
 }
 """
 CONF = "pin_reserve:3MiB,pin_slack:1MiB,relieve_slack:1MiB"
-POLICIES = ["none", "mru"]
+POLICIES = ["none", "mru", "reuse"]  # reuse: the op path's indexes against pins-sim's, on real bytes
 RUN_KEYS = {"disk_bytes", "predicted_disk_bytes", "wall_s", "hits", "misses", "peak_rss_bytes"}
 
 needs_sim = pytest.mark.skipif(not (os.path.isfile(SIM) and os.access(SIM, os.X_OK)),
@@ -165,7 +165,7 @@ def test_files_are_reused_on_the_second_run(small_run, trace_file):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--policy", "mru,fifo"], "--policy: unknown policy 'fifo' (choose from none, lru, mru, trace)"),
+    (["--policy", "mru,fifo"], "--policy: unknown policy 'fifo' (choose from none, lru, mru, trace, reuse)"),
     (["--runs", "0"], "--runs: expected a positive integer, got '0'"),
     (["--ram-budget", "lots"], "--ram-budget: expected a size such as 4096, 512M or 1.5GiB, got 'lots'"),
     (["--ram-budget", "10MiB"], "--ram-budget: '10MiB' leaves nothing for pins"),
