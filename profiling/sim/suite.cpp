@@ -431,16 +431,20 @@ void print_suite(std::ostream& os, const SuiteResult& r, const std::string& defa
   char line[512];
   os << "pins-sim --suite: seed " << r.seed << ", " << r.scenarios.size()
      << " scenarios; disk bytes over the runs after each scenario's first\n\n";
-  std::snprintf(line, sizeof line, "%-12s %10s %9s %7s %7s %7s  %-22s %9s %9s %11s\n", "policy", "disk GiB",
-                "x oracle", "median", "p90", "worst", "worst scenario", ">mru+1L", ">lru+1L", "o=0, >1L");
+  os << "(>mru+1L, >lru+1L: scenarios reading more than mru or lru + one largest layer per run; max>mru,\n"
+        " max>lru: the most bytes over them, in largest layers per run; o=0, >1L: scenarios where the oracle\n"
+        " reads nothing and the policy more than a layer per run)\n";
+  std::snprintf(line, sizeof line, "%-12s %10s %9s %7s %7s %7s  %-22s %9s %9s %11s %8s %8s\n", "policy",
+                "disk GiB", "x oracle", "median", "p90", "worst", "worst scenario", ">mru+1L", ">lru+1L", "o=0, >1L",
+                "max>mru", "max>lru");
   os << line;
   for (const SuiteFigures& f : figs) {
     const std::string worst = f.worst_scenario >= 0 ? std::to_string(f.worst_scenario) + " " +
                                                           to_string(r.scenarios[f.worst_scenario].pattern)
                                                     : "-";
-    std::snprintf(line, sizeof line, "%-12s %10.1f %9.3f %7.3f %7.3f %7.3f  %-22s %9d %9d %11d\n", f.policy.c_str(),
-                  f.total / GiB, f.vs_oracle, f.median, f.p90, f.worst, worst.c_str(), f.over_mru, f.over_lru,
-                  f.oracle_zero_over);
+    std::snprintf(line, sizeof line, "%-12s %10.1f %9.3f %7.3f %7.3f %7.3f  %-22s %9d %9d %11d %8.1f %8.1f\n",
+                  f.policy.c_str(), f.total / GiB, f.vs_oracle, f.median, f.p90, f.worst, worst.c_str(), f.over_mru,
+                  f.over_lru, f.oracle_zero_over, f.worst_over_mru, f.worst_over_lru);
     os << line;
   }
   const int d = r.policy_index(default_policy);
@@ -487,9 +491,11 @@ void print_suite(std::ostream& os, const SuiteResult& r, const std::string& defa
   const SuiteFigures& f = figs[static_cast<size_t>(d)];
   std::snprintf(line, sizeof line,
                 "RESULT policy=%s seed=%llu scenarios=%zu vs_oracle=%.3f median=%.3f p90=%.3f worst=%.3f "
-                "over_mru=%d over_lru=%d oracle_zero_over=%d below_oracle=%d below_ram_bound=%d targets=%s\n",
+                "over_mru=%d over_lru=%d worst_over_mru_layers=%.1f worst_over_lru_layers=%.1f oracle_zero_over=%d "
+                "below_oracle=%d below_ram_bound=%d targets=%s\n",
                 default_policy.c_str(), static_cast<unsigned long long>(r.seed), r.scenarios.size(), f.vs_oracle,
-                f.median, f.p90, f.worst, f.over_mru, f.over_lru, f.oracle_zero_over, f.below_oracle, f.below_ram_bound,
+                f.median, f.p90, f.worst, f.over_mru, f.over_lru, f.worst_over_mru, f.worst_over_lru, f.oracle_zero_over,
+                f.below_oracle, f.below_ram_bound,
                 meets_targets(f) ? "met" : "missed");
   os << line;
 }
