@@ -1,7 +1,8 @@
 #include "csrc/balancer/budget.h"
 
 #include <algorithm>
-#include <limits>
+
+#include "csrc/base/saturate.h"
 
 namespace pins {
 namespace {
@@ -10,11 +11,8 @@ namespace {
 // formula whenever that value lies in [0, 2^64 - 1]; a value past 2^64 - 1
 // saturates to 2^64 - 1 and a negative one to 0. An intermediate sum never
 // saturates on its own (that would turn "bytes + reserve - available" near 2^64
-// into a wrong answer, not a saturated one).
-constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-
-uint64_t add_sat(uint64_t a, uint64_t b) { return a > kMax - b ? kMax : a + b; }
-uint64_t sub_sat(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+// into a wrong answer, not a saturated one): add_sub_sat below, over the
+// saturating helpers of csrc/base/saturate.h.
 
 // a + b - c, exactly, saturated at both ends.
 uint64_t add_sub_sat(uint64_t a, uint64_t b, uint64_t c) {

@@ -2,14 +2,9 @@
 
 #include <algorithm>
 
+#include "csrc/base/saturate.h"
+
 namespace pins {
-
-namespace {
-
-uint64_t mul_sat(uint64_t a, uint64_t b) { return b != 0 && a > ReuseHistory::kNever / b ? ReuseHistory::kNever : a * b; }
-uint64_t add_sat(uint64_t a, uint64_t b) { return a > ReuseHistory::kNever - b ? ReuseHistory::kNever : a + b; }
-
-}  // namespace
 
 uint64_t ReuseHistory::record(const TraceKey& k) {
   if (keys_.size() >= kLimit && !keys_.count(k)) keys_.clear();

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "csrc/base/check.h"
+#include "csrc/base/saturate.h"
 #include "csrc/base/text.h"
 
 namespace pins {
@@ -25,8 +26,6 @@ constexpr uint64_t kNoLimit = std::numeric_limits<uint64_t>::max();
 // (9223372036854771712); anything this large is no limit.
 constexpr uint64_t kV1Unlimited = 1ull << 62;
 
-uint64_t sub_sat(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
-uint64_t add_sat(uint64_t a, uint64_t b) { return a > kNoLimit - b ? kNoLimit : a + b; }
 
 // Reads a small file (procfs, cgroupfs) whole with one open and as few reads as
 // it takes. Returns the errno on failure, 0 on success.

@@ -11,13 +11,12 @@
 #include "csrc/pool/backend.h"
 #include "csrc/pool/pool.h"
 #include "csrc/balancer/balancer.h"
+#include "csrc/base/saturate.h"
 #include "csrc/system/sysmem.h"
 
 namespace pins::sim {
 
 namespace {
-
-uint64_t sub_sat(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 
 // Note [Simulator memory model]: RAM as the balancer sees it.
 class ModelledProbe final : public MemoryProbe {
