@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
@@ -66,7 +67,8 @@ const std::vector<std::string>& all_policies() {
   return names;
 }
 bool known_policy(const std::string& p) {
-  return p == "reuse" || p == "oracle-pins" || p == "clairvoyant" || std::find(all_policies().begin(), all_policies().end(), p) != all_policies().end();
+  return p == "reuse" || p == "oracle-pins" || p == "clairvoyant" ||
+         std::find(all_policies().begin(), all_policies().end(), p) != all_policies().end();
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -81,15 +83,18 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// An integer of at least `min`; the error names the argument and the value.
-long long positive(const std::string& arg, const std::string& v, long long min) {
+// An integer from `min` to `max`; the error names the argument and the value
+// ("a positive integer" for min 1).
+long long integer_arg(const std::string& arg, const std::string& v, long long min,
+                      long long max = std::numeric_limits<int>::max()) {
   try {
     size_t used = 0;
     const long long n = std::stoll(v, &used);
-    if (used == v.size() && n >= min) return n;
+    if (used == v.size() && n >= min && n <= max) return n;
   } catch (const std::exception&) {
   }
-  throw std::invalid_argument(arg + ": expected an integer of at least " + std::to_string(min) + ", got \"" + v + "\"");
+  const std::string want = min == 1 ? "a positive integer" : "an integer of at least " + std::to_string(min);
+  throw std::invalid_argument(arg + ": expected " + want + ", got \"" + v + "\"");
 }
 
 Options parse_args(const std::vector<std::string>& args) {
@@ -109,20 +114,12 @@ Options parse_args(const std::vector<std::string>& args) {
         if (!known_policy(p))
           throw std::invalid_argument(
               "--policy: expected lru, mru, trace, reuse, clairvoyant, oracle, oracle-pins or all, got \"" + p + "\"");
-    } else if (a == "--runs") {
-      const std::string v = value();
-      try {
-        size_t used = 0;
-        o.runs = std::stoi(v, &used);
-        if (used != v.size() || o.runs < 1) throw std::invalid_argument("");
-      } catch (const std::exception&) {
-        throw std::invalid_argument("--runs: expected a positive integer, got \"" + v + "\"");
-      }
-    } else if (a == "--suite") o.suite = true;
-    else if (a == "--seed") o.seed = static_cast<uint64_t>(positive(a, value(), 0));
-    else if (a == "--scenarios") o.scenarios = static_cast<int>(positive(a, value(), 1));
+    } else if (a == "--runs") o.runs = static_cast<int>(integer_arg(a, value(), 1));
+    else if (a == "--suite") o.suite = true;
+    else if (a == "--seed") o.seed = static_cast<uint64_t>(integer_arg(a, value(), 0, std::numeric_limits<long long>::max()));
+    else if (a == "--scenarios") o.scenarios = static_cast<int>(integer_arg(a, value(), 1));
     else if (a == "--write-trace") o.write_trace = value();
-    else if (a == "--threads") o.threads = static_cast<int>(positive(a, value(), 1));
+    else if (a == "--threads") o.threads = static_cast<int>(integer_arg(a, value(), 1));
     else if (a == "--json") o.json = true;
     else if (a == "--markdown") o.markdown = true;
     else if (a == "--markdown-header") o.markdown = o.markdown_header = true;
@@ -171,7 +168,7 @@ int run_suite_cli(const Options& o, std::ostream& out) {
       model_params::read(o.params.empty() ? model_params::default_path() : o.params);
   if (!o.write_trace.empty()) {
     const size_t colon = o.write_trace.find(':');
-    const int index = static_cast<int>(positive("--write-trace", o.write_trace.substr(0, colon), 0));
+    const int index = static_cast<int>(integer_arg("--write-trace", o.write_trace.substr(0, colon), 0));
     if (colon == std::string::npos || colon + 1 == o.write_trace.size())
       throw std::invalid_argument("--write-trace: expected INDEX:FILE, got \"" + o.write_trace + "\"");
     std::ofstream f = open_out(o.write_trace.substr(colon + 1), "--write-trace");

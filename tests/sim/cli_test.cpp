@@ -264,7 +264,12 @@ TEST(SimCli, Suite) {
   EXPECT_NE(bad_seed.err.find("--seed: expected an integer of at least 0, got \"abc\""), std::string::npos)
       << bad_seed.err;
   const Result bad_count = cli({"--suite", "--scenarios", "0"});
-  EXPECT_NE(bad_count.err.find("--scenarios: expected an integer of at least 1, got \"0\""), std::string::npos);
+  EXPECT_NE(bad_count.err.find("--scenarios: expected a positive integer, got \"0\""), std::string::npos);
+  // Past an int: an error, not a wrapped (negative) count.
+  const Result huge = cli({"--suite", "--scenarios", "3000000000"});
+  EXPECT_EQ(huge.rc, 2);
+  EXPECT_NE(huge.err.find("--scenarios: expected a positive integer, got \"3000000000\""), std::string::npos)
+      << huge.err;
 
   // A scenario written out replays as a trace, with the same oracle figures.
   TempDir d;
