@@ -140,7 +140,8 @@ void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, c
     return;
   }
   if ((policy == PolicyKind::Trace && trace.following()) || (policy == PolicyKind::Reuse && reuse.history)) {
-    // Predictions move with every access: no index keeps them (Note [Eviction walk]).
+    // Predictions move with every access (trace; reuse's clairvoyant variant):
+    // no index keeps them (Note [Eviction walk]).
     for (const Candidate& c : eviction_order(models, reach, policy, trace, reuse))
       if (!visit(c)) return;
     return;

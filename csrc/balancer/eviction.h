@@ -59,21 +59,23 @@ struct Candidate {
   int tier;
 };
 
-// Every pin of `models` within `reach`, first to free first, as `policy` orders
-// them; `trace` gives the trace policy's predictions while it is followed.
 // The reuse policy's view: its history and the clock now (Note [Reuse policy]).
-// The walk reads the models' by_reuse indexes, with the deadlines that passed
-// by `now` settled (Balancer::settle_reuse_locked).
+// Without a history the reuse policy orders as mru.
 struct ReuseView {
   const ReuseHistory* history = nullptr;
   uint64_t now = 0;
 };
+
+// Every pin of `models` within `reach`, first to free first, as `policy` orders
+// them; `trace` gives the trace policy's predictions while it is followed,
+// `reuse` the reuse policy's.
 std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyKind policy,
                                       const TraceRecorder& trace, const ReuseView& reuse = {});
 
 // The same order (Note [Eviction walk]), handed to `visit` one candidate at a
-// time until it returns false. The models' by_created and by_use indexes must
-// list their pins. `visit` must not change the registry.
+// time until it returns false. The models' by_created and by_use indexes (and
+// by_reuse under the reuse policy) must list their pins. `visit` must not
+// change the registry.
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
                          const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse = {});
 
