@@ -107,6 +107,10 @@ struct RunSpec {
   int workflow = 0;
   bool full = true;
   unsigned styles = 0;
+  // Its prompt in the trace: one per workflow, encoders or not, and LoRA styles.
+  std::string prompt() const {
+    return "w" + std::to_string(workflow) + (full ? "_full" : "_seed") + "_l" + std::to_string(styles);
+  }
 };
 
 class Generator {
@@ -158,15 +162,15 @@ class Generator {
     for (const RunSpec& r : runs) {
       const Workflow& wf = workflows_[r.workflow];
       const Family& fam = kFamilies[wf.family];
-      std::string pname = "w" + std::to_string(r.workflow) + (r.full ? "_full" : "_seed") + "_l" +
-                          std::to_string(r.styles);
+      const std::string pname = r.prompt();
       if (std::find(prompt_names.begin(), prompt_names.end(), pname) == prompt_names.end()) {
         json steps = json::array();
         if (r.full)
-          for (const char* e : fam.encoders) steps.push_back({{"model", model(e, wf, models)}});
+          for (const char* e : fam.encoders) steps.push_back({{"model", model(spec(e), wf, models)}});
         const int n = static_cast<int>(fam.samplers.size());
         for (int i = 0; i < n; ++i) {
-          const std::string m = model(fam.samplers[i], wf, models);
+          const ModelSpec& sp = spec(fam.samplers[i]);
+          const std::string m = model(sp, wf, models);
           // Two experts split the steps; the refiner takes the last fifth.
           const int first = fam.samplers.size() == 1 ? wf.steps
                             : std::string(fam.name) == "sdxl_refiner" ? wf.steps - wf.steps / 5
@@ -174,19 +178,17 @@ class Generator {
           json step = {{"model", m}, {"steps", i == 0 ? first : wf.steps - first}};
           json ls = json::array();
           for (int j = 0; j < kStyles; ++j)
-            if (r.styles & (1u << j)) ls.push_back(lora(m, j, loras));
+            if (r.styles & (1u << j)) ls.push_back(lora(sp, m, j, loras));
           if (!ls.empty()) step["loras"] = ls;
           steps.push_back(step);
         }
-        steps.push_back({{"model", model(fam.vae, wf, models)}});
+        steps.push_back({{"model", model(spec(fam.vae), wf, models)}});
         prompts.push_back({{"name", pname}, {"steps", steps}});
         prompt_names.push_back(pname);
       }
     }
     json seq_prompts = json::array();
-    for (const RunSpec& r : runs)
-      seq_prompts.push_back("w" + std::to_string(r.workflow) + (r.full ? "_full" : "_seed") + "_l" +
-                            std::to_string(r.styles));
+    for (const RunSpec& r : runs) seq_prompts.push_back(r.prompt());
     s.name = "s" + std::to_string(seed) + "-" + std::to_string(index) + "-" + to_string(s.pattern) + "-" +
              std::to_string(ram_gib) + "g-" + std::to_string(vram_gib) + "g-" + families;
     json doc = {{"name", s.name},
@@ -265,19 +267,15 @@ class Generator {
 
   // The model's name in the trace, adding it on first use: one per spec and
   // precision (Note [Simulator suite]: workflows of a family share models).
-  std::string model(const std::string& key, const Workflow& wf, json& models) {
-    const ModelSpec& sp = spec(key);
+  std::string model(const ModelSpec& sp, const Workflow& wf, json& models) {
     const int bpp = sp.scalable ? wf.bpp : 2;
-    const std::string name = key + (bpp == 1 ? "_fp8" : "");
+    const std::string name = std::string(sp.key) + (bpp == 1 ? "_fp8" : "");
     for (const json& m : models)
       if (m["name"] == name) return name;
     json m = {{"name", name}, {"inference_bytes", static_cast<uint64_t>(sp.inference_gib * GiB)}};
     if (sp.params_name) {
-      if (model_params::find(params_, sp.params_name) == nullptr)
-        throw std::runtime_error(std::string("suite: the parameter list has no ") + sp.params_name);
       json layers = json::array();
-      for (const Layer& l :
-           group_layers(model_params::find(params_, sp.params_name)->tensors, "block", bpp, GiB))
+      for (const Layer& l : group_layers(listed(sp).tensors, "block", bpp, GiB))
         layers.push_back({{"name", l.name}, {"bytes", l.bytes}});
       m["layers"] = layers;
     } else {
@@ -288,21 +286,24 @@ class Generator {
     return name;
   }
 
-  // LoRA style j of model `m`: rank 16-64, 0.5-3% of its bytes.
-  std::string lora(const std::string& m, int j, json& loras) {
+  // The parameter list's model of a spec that names one.
+  const model_params::Model& listed(const ModelSpec& sp) const {
+    const model_params::Model* m = model_params::find(params_, sp.params_name);
+    if (m == nullptr) throw std::runtime_error(std::string("suite: the parameter list has no ") + sp.params_name);
+    return *m;
+  }
+
+  // LoRA style j of model `m` (of spec `sp`): rank 16-64, 0.5-3% of its
+  // parameters, in fp16 whatever the model's precision (2 bytes a parameter).
+  std::string lora(const ModelSpec& sp, const std::string& m, int j, json& loras) {
     const std::string name = m + "_style" + std::to_string(j);
     for (const json& l : loras)
       if (l["name"] == name) return name;
-    uint64_t bytes = 0;
-    for (const ModelSpec& sp : kSpecs)
-      if (m == sp.key || m == std::string(sp.key) + "_fp8") {
-        // The LoRA's factors are fp16 whatever the model's precision: 2 bytes a parameter.
-        double params = sp.params;
-        if (sp.params_name)
-          for (const model_params::Tensor& t : model_params::find(params_, sp.params_name)->tensors)
-            params += static_cast<double>(t.numel);
-        bytes = static_cast<uint64_t>(2 * params * (0.005 + 0.025 * std::uniform_real_distribution<double>(0, 1)(rng_)));
-      }
+    double params = sp.params;
+    if (sp.params_name)
+      for (const model_params::Tensor& t : listed(sp).tensors) params += static_cast<double>(t.numel);
+    const auto bytes =
+        static_cast<uint64_t>(2 * params * (0.005 + 0.025 * std::uniform_real_distribution<double>(0, 1)(rng_)));
     loras.push_back({{"name", name}, {"model", m}, {"bytes", bytes}});
     return name;
   }
@@ -327,6 +328,9 @@ SuiteRow replay_scenario(const Scenario& s, const std::vector<std::string>& poli
   }
   return row;
 }
+
+// num / den; with den 0: infinity, or 1 when num is 0 too.
+double ratio(double num, double den) { return den > 0 ? num / den : (num > 0 ? INFINITY : 1.0); }
 
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -413,7 +417,7 @@ std::vector<SuiteFigures> suite_figures(const SuiteResult& r) {
       over(mru, f.over_mru, f.worst_over_mru);
       over(lru, f.over_lru, f.worst_over_lru);
     }
-    f.vs_oracle = oracle_total > 0 ? f.total / oracle_total : (f.total > 0 ? INFINITY : 1.0);
+    f.vs_oracle = ratio(f.total, oracle_total);
     f.median = quantile(ratios, 0.5);
     f.p90 = quantile(ratios, 0.9);
     out.push_back(f);
@@ -468,7 +472,7 @@ void print_suite(std::ostream& os, const SuiteResult& r, const std::string& defa
           dd += static_cast<double>(r.rows[i].disk[p]);
           od += static_cast<double>(r.rows[i].disk[oracle]);
         }
-      std::snprintf(line, sizeof line, " %11.3f", od > 0 ? dd / od : (dd > 0 ? INFINITY : 1.0));
+      std::snprintf(line, sizeof line, " %11.3f", ratio(dd, od));
       os << line;
     }
     os << "\n";
