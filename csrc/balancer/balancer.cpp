@@ -89,6 +89,7 @@ void Balancer::configure(const Config& config) {
   if (config.policy != config_.policy) trace_.depart();  // the cursors did not follow this prompt
   config_ = config;
   set_reuse_indexes_locked(config_.policy == PolicyKind::Reuse);
+  if (config_.policy != PolicyKind::Trace) clear_trace_index_locked();
 }
 
 Config Balancer::config() const {
@@ -136,6 +137,7 @@ void Balancer::unlink_locked(Pin* p, std::vector<void*>& to_free) {
   m.by_created[s].erase(p->created);
   m.by_use[s].erase({p->last_use, p->created});
   if (reuse_on_) reuse_unindex_locked(m, p);
+  trace_unindex(m, p);
   sources_.remove(p);
   ring_remove_locked(p);
   m.stats[s].pins--;
@@ -194,6 +196,7 @@ void Balancer::link_locked(Model& m, std::unique_ptr<Pin> pin) {
   m.by_created[s].emplace(p->created, p);
   m.by_use[s].emplace(std::make_pair(p->last_use, p->created), p);
   if (reuse_on_) reuse_index_locked(m, p);
+  if (trace_index_current_locked()) trace_index(m, p, trace_);
   sources_.add(p);
   ring_add_locked(p);
   m.stats[s].pins++;
@@ -297,7 +300,14 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
     }
     reclaim_step_locked(stale, kReclaimPerCall);  // Note [Dead source reclaim]
     settled_at_read = settled_;
-    if (config_.policy == PolicyKind::Trace) trace_.record({r.model, r.kind, r.key});
+    if (config_.policy == PolicyKind::Trace) {
+      // Note [Trace index]: the pins whose rank this access moves, when the
+      // indexes are kept and the active record stays.
+      const bool indexed = trace_index_current_locked();
+      trace_moved_.clear();
+      trace_.record({r.model, r.kind, r.key}, indexed ? &trace_moved_ : nullptr);
+      if (indexed && trace_index_current_locked()) retrace_locked(trace_moved_);
+    }
     m.last_use = ++clock_;
     if (config_.policy == PolicyKind::Reuse) reuse_gap = reuse_.record({r.model, r.kind, r.key});
     const Subset ss = streaming_subset(r.kind), cs = cache_subset(r.kind);
@@ -609,7 +619,76 @@ void Balancer::set_reuse_indexes_locked(bool on) {
     }
 }
 
-void Balancer::walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) const {
+bool Balancer::trace_index_current_locked() const {
+  return config_.policy == PolicyKind::Trace && trace_.following() && trace_generation_ == trace_.generation();
+}
+
+void Balancer::retrace_locked(const std::vector<TraceKey>& keys) {
+  for (const TraceKey& k : keys) {
+    auto it = models_.find(k.model);
+    if (it == models_.end()) continue;
+    Model& m = *it->second;
+    for (const Subset s : {streaming_subset(k.kind), cache_subset(k.kind)}) {
+      auto p = m.pins[static_cast<int>(s)].find(k.key);
+      if (p == m.pins[static_cast<int>(s)].end()) continue;
+      trace_unindex(m, p->second.get());
+      trace_index(m, p->second.get(), trace_);
+    }
+  }
+}
+
+void Balancer::rebuild_trace_index_locked() {
+  clear_trace_index_locked();
+  // Ranked into a sorted run first: a map built from one, each node placed at
+  // its end, costs no search (O(n log n) for the sort, once per generation).
+  std::vector<std::pair<Model::TraceIndexKey, Pin*>> run;
+  for (auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s) {
+      run.clear();
+      run.reserve(m->pins[s].size());
+      for (auto& [key, p] : m->pins[s]) {
+        const TraceRecorder::Rank r = trace_.rank(trace_key(*p));
+        p->trace_cls = r.cls;
+        p->trace_value = r.value;
+        p->trace_indexed = true;
+        run.emplace_back(Model::TraceIndexKey{r.cls, r.value, p->bytes, p->created}, p.get());
+      }
+      std::sort(run.begin(), run.end());
+      for (const auto& [k, p] : run) m->by_trace[s].emplace_hint(m->by_trace[s].end(), k, p);
+    }
+  trace_generation_ = trace_.generation();
+}
+
+void Balancer::clear_trace_index_locked() {
+  if (trace_generation_ == kNoTraceIndex) return;
+  for (auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s) {
+      m->by_trace[s].clear();
+      for (auto& [key, p] : m->pins[s]) p->trace_indexed = false;
+    }
+  trace_generation_ = kNoTraceIndex;
+}
+
+std::optional<size_t> Balancer::trace_index_faults() const {
+  MutexLock g(mu_);
+  if (!trace_index_current_locked()) return std::nullopt;
+  size_t faults = 0;
+  for (const auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s) {
+      faults += m->by_trace[s].size() != m->pins[s].size();
+      for (const auto& [key, p] : m->pins[s]) {
+        const TraceRecorder::Rank r = trace_.rank(trace_key(*p));
+        const auto it = m->by_trace[s].find({r.cls, r.value, p->bytes, p->created});
+        faults += it == m->by_trace[s].end() || it->second != p.get();
+      }
+    }
+  return faults;
+}
+
+void Balancer::walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) {
+  // Note [Trace index]: the first decision of a generation ranks every pin again.
+  if (config_.policy == PolicyKind::Trace && trace_.following() && !trace_index_current_locked())
+    rebuild_trace_index_locked();
   walk_eviction_order(models_, reach, config_.policy, trace_, visit, {&reuse_, clock_});  // Note [Eviction walk]
 }
 

@@ -45,6 +45,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -196,6 +197,10 @@ class Balancer {
     bool locked;
   };
   std::vector<PinInfo> pins() const PINS_EXCLUDES(mu_);  // every live pin, for tests and tools
+  // Note [Trace index]: pins the by_trace indexes list at another rank than
+  // the recorder's now, or miss, while they are kept current (none otherwise);
+  // for tests. O(pins).
+  std::optional<size_t> trace_index_faults() const PINS_EXCLUDES(mu_);
   // Bytes reserved by pins being made (Note [Budget reservation]).
   uint64_t reserved_bytes() const PINS_EXCLUDES(mu_);
 
@@ -221,7 +226,14 @@ class Balancer {
   Pin* find_locked(Model& m, Subset s, const Request& r, std::vector<void*>& to_free) PINS_REQUIRES(mu_);
   void unlink_locked(Pin* p, std::vector<void*>& to_free) PINS_REQUIRES(mu_);
   // The eviction order of `reach`, walked until `visit` returns false (Note [Eviction walk]).
-  void walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) const PINS_REQUIRES(mu_);
+  void walk_locked(Reach reach, const std::function<bool(const Candidate&)>& visit) PINS_REQUIRES(mu_);
+  // Note [Trace index]: whether the models' by_trace indexes hold every pin at
+  // its rank now; the pins of `keys` ranked again; every pin ranked again (at
+  // the first decision of a generation); the indexes emptied (another policy).
+  bool trace_index_current_locked() const PINS_REQUIRES(mu_);
+  void retrace_locked(const std::vector<TraceKey>& keys) PINS_REQUIRES(mu_);
+  void rebuild_trace_index_locked() PINS_REQUIRES(mu_);
+  void clear_trace_index_locked() PINS_REQUIRES(mu_);
   // Note [Reuse policy]: p into its model's by_reuse (after a use), out of it;
   // every pin in or out (a change of policy).
   void reuse_index_locked(Model& m, Pin* p) PINS_REQUIRES(mu_);
@@ -288,6 +300,11 @@ class Balancer {
   TraceRecorder trace_ PINS_GUARDED_BY(mu_);  // recorded under the trace policy only
   ReuseHistory reuse_ PINS_GUARDED_BY(mu_);   // recorded under the reuse policy only (Note [Reuse policy])
   bool reuse_on_ PINS_GUARDED_BY(mu_) = false;  // the models' by_reuse indexes are kept
+  // Note [Trace index]: the trace_ generation the by_trace indexes were ranked
+  // at (kNoTraceIndex: none), and the keys an access re-ranks (kept for its capacity).
+  static constexpr uint64_t kNoTraceIndex = ~uint64_t{0};
+  uint64_t trace_generation_ PINS_GUARDED_BY(mu_) = kNoTraceIndex;
+  std::vector<TraceKey> trace_moved_ PINS_GUARDED_BY(mu_);
   // Global counters (BalancerStats).
   int64_t refusals_ PINS_GUARDED_BY(mu_) = 0;        // COUNT
   int64_t pressure_freed_ PINS_GUARDED_BY(mu_) = 0;  // SUM bytes freed by relieve()

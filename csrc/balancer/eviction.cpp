@@ -15,23 +15,47 @@ ReuseRank reuse_rank(const ReuseHistory& h, const Pin& p, bool in_prompt, uint64
   return {h.order_key(p, in_prompt, now), h.prediction(p, now), p.last_use, p.bytes, p.created};
 }
 
+// A run of one index read backwards, from one past its head (`it`) down to
+// `begin`, whose pins are all of one tier.
+template <typename It>
+struct Stream {
+  It begin, it;
+  int tier;
+  bool in_prompt;
+};
+
+// Visits the union of `streams`, the largest rank_of(stream, head) first, until
+// `visit` returns false (then false). O(streams) per candidate.
+template <typename It, typename RankOf>
+bool visit_merged(std::vector<Stream<It>>& streams, RankOf rank_of,
+                  const std::function<bool(const Candidate&)>& visit) {
+  using Rank = decltype(rank_of(streams.front(), streams.front().it));
+  std::vector<Rank> head(streams.size());
+  for (size_t i = 0; i < streams.size(); ++i)
+    if (streams[i].it != streams[i].begin) head[i] = rank_of(streams[i], std::prev(streams[i].it));
+  for (;;) {
+    int pick = -1;
+    for (int i = 0; i < static_cast<int>(streams.size()); ++i)
+      if (streams[i].it != streams[i].begin && (pick < 0 || head[i] > head[pick])) pick = i;
+    if (pick < 0) return true;
+    Stream<It>& st = streams[pick];
+    --st.it;
+    if (!visit({st.it->second, st.tier})) return false;
+    if (st.it != st.begin) head[pick] = rank_of(st, std::prev(st.it));
+  }
+}
+
 // Note [Reuse policy]: the order of eviction_order() from the models' by_reuse
 // indexes. Within a subset's group of one gap, the pins of each stage are a
 // range of last uses (cut at failed_before()), ordered as the policy orders
 // them when read backwards, whatever the prompt length and the clamp; the walk
 // merges the ranges' heads: tiers 1-4, then tier 5 when the reach allows.
-// O(ranges) per candidate.
 void walk_reuse_order(const Models& models, Reach reach, const ReuseHistory& history, uint64_t now,
                       const std::function<bool(const Candidate&)>& visit) {
   using It = std::map<Model::ReuseKey, Pin*>::const_iterator;
-  struct Stream {
-    It begin, it;  // `it` is one past the head: the range is read backwards
-    bool in_prompt;
-    int tier;
-  };
   for (const bool last : {false, true}) {  // tiers 1-4, then tier 5
     if (last && last_tier(reach) < 5) return;
-    std::vector<Stream> streams;
+    std::vector<Stream<It>> streams;
     for (const auto& [id, m] : models)
       for (int s = 0; s < kSubsets; ++s) {
         const int tier = tier_of(static_cast<Subset>(s), *m);
@@ -44,26 +68,35 @@ void walk_reuse_order(const Models& models, Reach reach, const ReuseHistory& his
           It hi = group_end;
           for (int stage = 0; stage < ReuseHistory::kStages; ++stage) {
             const It lo = index.lower_bound({gap, history.failed_before(gap, stage, now), 0, 0});
-            if (lo != hi) streams.push_back({lo, hi, tier > 2, tier});
+            if (lo != hi) streams.push_back({lo, hi, tier, tier > 2});
             hi = lo;
           }
-          if (g != hi) streams.push_back({g, hi, tier > 2, tier});
+          if (g != hi) streams.push_back({g, hi, tier, tier > 2});
           g = group_end;
         }
       }
-    std::vector<ReuseRank> head(streams.size());
-    for (size_t i = 0; i < streams.size(); ++i)
-      head[i] = reuse_rank(history, *std::prev(streams[i].it)->second, streams[i].in_prompt, now);
-    for (;;) {
-      int pick = -1;
-      for (int i = 0; i < static_cast<int>(streams.size()); ++i)
-        if (streams[i].it != streams[i].begin && (pick < 0 || head[i] > head[pick])) pick = i;
-      if (pick < 0) break;
-      Stream& st = streams[pick];
-      --st.it;
-      if (!visit({st.it->second, st.tier})) return;
-      if (st.it != st.begin) head[pick] = reuse_rank(history, *std::prev(st.it)->second, st.in_prompt, now);
-    }
+    const auto rank_of = [&](const Stream<It>& st, It head) {
+      return reuse_rank(history, *head->second, st.in_prompt, now);
+    };
+    if (!visit_merged(streams, rank_of, visit)) return;
+  }
+}
+
+// Note [Trace index]: the order of eviction_order() while the trace policy
+// follows a record, from the models' by_trace indexes, each read backwards
+// (farthest next use first): tiers 1-4 merged, then tier 5 when the reach allows.
+void walk_trace_order(const Models& models, Reach reach, const std::function<bool(const Candidate&)>& visit) {
+  using It = std::map<Model::TraceIndexKey, Pin*>::const_iterator;
+  for (const bool last : {false, true}) {  // tiers 1-4, then tier 5
+    if (last && last_tier(reach) < 5) return;
+    std::vector<Stream<It>> streams;
+    for (const auto& [id, m] : models)
+      for (int s = 0; s < kSubsets; ++s) {
+        const int tier = tier_of(static_cast<Subset>(s), *m);
+        if ((tier == 5) != last || tier > last_tier(reach) || m->by_trace[s].empty()) continue;
+        streams.push_back({m->by_trace[s].begin(), m->by_trace[s].end(), tier, tier > 2});
+      }
+    if (!visit_merged(streams, [](const Stream<It>&, It head) { return head->first; }, visit)) return;
   }
 }
 
@@ -139,9 +172,13 @@ void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, c
     walk_reuse_order(models, reach, *reuse.history, reuse.now, visit);
     return;
   }
-  if ((policy == PolicyKind::Trace && trace.following()) || (policy == PolicyKind::Reuse && reuse.history)) {
-    // Predictions move with every access (trace; reuse's clairvoyant variant):
-    // no index keeps them (Note [Eviction walk]).
+  if (policy == PolicyKind::Trace && trace.following()) {
+    walk_trace_order(models, reach, visit);
+    return;
+  }
+  if (policy == PolicyKind::Reuse && reuse.history) {
+    // Reuse's clairvoyant variant (the simulator's): its predictions move with
+    // every access, and no index keeps them (Note [Eviction walk]).
     for (const Candidate& c : eviction_order(models, reach, policy, trace, reuse))
       if (!visit(c)) return;
     return;

@@ -21,11 +21,12 @@
 //
 // Note [Eviction walk]
 // eviction_order() builds the whole order (every pin, sorted): the reference,
-// and what the trace policy still does while it follows a record (a pin's
-// predicted next use moves with every access). walk_eviction_order() yields
-// the same order lazily from indexes the balancer keeps up to date as pins are
-// made, used and dropped: Model::by_created (mru: newest first) and
-// Model::by_use (lru: least recently used first). The models are sorted once
+// and what the simulator's clairvoyant order does (its predictions move with
+// every access). walk_eviction_order() yields the same order lazily from
+// indexes the balancer keeps up to date as pins are made, used and dropped:
+// Model::by_created (mru: newest first), Model::by_use (lru: least recently
+// used first), Model::by_reuse (Note [Reuse policy]) and Model::by_trace (the
+// trace policy while it follows a record, Note [Trace index]). The models are sorted once
 // per walk (there are few), and within a tier each model's one or two subsets
 // of that tier are merged as they are walked, so a decision that stops after k
 // pins costs O(models log models + k) whatever the number of pins.
@@ -74,7 +75,8 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
 
 // The same order (Note [Eviction walk]), handed to `visit` one candidate at a
 // time until it returns false. The models' by_created and by_use indexes (and
-// by_reuse under the reuse policy) must list their pins. `visit` must not
+// by_reuse under the reuse policy, by_trace at `trace`'s ranks while the trace
+// policy follows a record) must list their pins. `visit` must not
 // change the registry.
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
                          const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse = {});

@@ -120,6 +120,9 @@ struct Pin {
   int users = 0;                          // leases out (copies being issued)
   bool orphaned = false;                  // detached from its model; freed when users drops to 0
   uint64_t reuse_gap = 0;  // the reuse policy: its key's prompt gap (Note [Reuse policy])
+  // The trace policy: its entry in Model::by_trace while listed there (Note [Trace index]).
+  bool trace_indexed = false;
+  uint64_t trace_cls = 0, trace_value = 0;
   size_t ring = SIZE_MAX;                 // its slot in the reclaim ring while linked (Note [Dead source reclaim])
 };
 
@@ -188,6 +191,10 @@ struct Model {
   // only while that policy is on (Note [Reuse policy] in reuse.h).
   using ReuseKey = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>;
   std::map<ReuseKey, Pin*> by_reuse[kSubsets];
+  // (class, value, bytes, created): the trace policy's ranks, farthest next use
+  // last, kept while it follows a record (Note [Trace index] in trace.h).
+  using TraceIndexKey = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>;
+  std::map<TraceIndexKey, Pin*> by_trace[kSubsets];
 };
 
 // Every registered model, by id.

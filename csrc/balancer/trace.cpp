@@ -4,7 +4,13 @@
 
 namespace pins {
 
-void TraceRecorder::record(const TraceKey& k) {
+size_t TraceRecorder::active() const {
+  for (size_t i = 0; i < records_.size(); ++i)
+    if (!records_[i].departed) return i;
+  return records_.size();
+}
+
+void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
   // A prompt longer than the limit (or a process that never ends one) keeps no
   // record, so memory stays bounded.
   if (now_.size() < kLimit) {
@@ -14,16 +20,23 @@ void TraceRecorder::record(const TraceKey& k) {
     overflow_ = true;
     now_ = {};
     now_first_ = {};
+    generation_++;  // a rerun's class 1 ranks came from now_first_
   }
   if (departed_) return;
+  const size_t was_active = active();
   bool following = false;
-  for (Record& rec : records_) {
+  for (size_t i = 0; i < records_.size(); ++i) {
+    Record& rec = records_[i];
     if (rec.departed) continue;
     const size_t window = std::max<size_t>(64, rec.keys.size() / 50);
     bool found = false;
     if (auto it = rec.pos.find(k); it != rec.pos.end()) {
       auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(rec.cursor));
       if (pos != it->second.end() && *pos - rec.cursor <= window) {
+        // Note [Trace index]: the keys whose positions the active cursor passes.
+        if (i == was_active && moved != nullptr)
+          moved->insert(moved->end(), rec.keys.begin() + static_cast<std::ptrdiff_t>(rec.cursor),
+                        rec.keys.begin() + static_cast<std::ptrdiff_t>(*pos) + 1);
         rec.cursor = *pos + 1;
         found = true;
       }
@@ -32,6 +45,8 @@ void TraceRecorder::record(const TraceKey& k) {
     if (!found && k.kind != Kind::Patches) rec.departed = true;
     following |= !rec.departed;
   }
+  if (moved != nullptr) moved->push_back(k);  // its first use in this prompt may be new
+  if (active() != was_active) generation_++;
   if (!following) {
     departed_ = true;
     departures_++;
@@ -57,35 +72,60 @@ void TraceRecorder::end_prompt() {
     rec.departed = false;
   }
   departed_ = records_.empty();
+  generation_++;
+}
+
+void TraceRecorder::depart() {
+  departed_ = true;
+  generation_++;
+}
+
+TraceRecorder::Rank TraceRecorder::rank(const TraceKey& k) const {
+  const size_t a = active();
+  if (a == records_.size()) return {2, 0};
+  const Record& ref = records_[a];
+  const auto it = ref.pos.find(k);
+  if (it != ref.pos.end()) {
+    auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(ref.cursor));
+    if (pos != it->second.end()) return {0, *pos};
+  }
+  // Not used again in this prompt: when the prompt that followed the active
+  // record last time comes again (Note [Trace policy]).
+  uint64_t next_len = ref.keys.size();
+  if (a == 0) {
+    if (auto f = now_first_.find(k); f != now_first_.end()) return {1, f->second};
+  } else {
+    const Record& next = records_[a - 1];
+    if (auto n = next.pos.find(k); n != next.pos.end()) return {1, n->second.front()};
+    next_len = next.keys.size();
+  }
+  if (it != ref.pos.end()) return {1, next_len + it->second.front()};
+  return {2, 0};
 }
 
 uint64_t TraceRecorder::next_use(const TraceKey& k) const {
-  uint64_t best = kNever;
-  size_t active = records_.size();
-  for (size_t i = 0; i < records_.size(); ++i) {
-    const Record& rec = records_[i];
-    if (rec.departed) continue;
-    if (active == records_.size()) active = i;
-    auto it = rec.pos.find(k);
-    if (it == rec.pos.end()) continue;
-    auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(rec.cursor));
-    if (pos != it->second.end()) best = std::min<uint64_t>(best, *pos - rec.cursor);
-  }
-  if (best != kNever || active == records_.size()) return best;
-  // Not used again in this prompt: when the prompt that followed the active
-  // record last time comes again (Note [Trace policy]).
-  const Record& ref = records_[active];
-  const uint64_t rest = ref.keys.size() - std::min(ref.cursor, ref.keys.size());
-  uint64_t next_len = ref.keys.size();
-  if (active == 0) {
-    if (auto it = now_first_.find(k); it != now_first_.end()) return rest + it->second;
-  } else {
-    const Record& next = records_[active - 1];
-    if (auto it = next.pos.find(k); it != next.pos.end()) return rest + it->second.front();
-    next_len = next.keys.size();
-  }
-  if (auto it = ref.pos.find(k); it != ref.pos.end()) return rest + next_len + it->second.front();
-  return kNever;
+  const Rank r = rank(k);
+  if (r.cls == 2) return kNever;
+  const Record& ref = records_[active()];
+  const uint64_t cursor = std::min(ref.cursor, ref.keys.size());
+  if (r.cls == 0) return r.value - cursor;
+  return ref.keys.size() - cursor + r.value;
+}
+
+TraceKey trace_key(const Pin& p) { return {p.model, is_patch(p.subset) ? Kind::Patches : Kind::Weights, p.key}; }
+
+void trace_index(Model& m, Pin* p, const TraceRecorder& trace) {
+  const TraceRecorder::Rank r = trace.rank(trace_key(*p));
+  p->trace_cls = r.cls;
+  p->trace_value = r.value;
+  p->trace_indexed = true;
+  m.by_trace[static_cast<int>(p->subset)].emplace(Model::TraceIndexKey{r.cls, r.value, p->bytes, p->created}, p);
+}
+
+void trace_unindex(Model& m, Pin* p) {
+  if (!p->trace_indexed) return;
+  m.by_trace[static_cast<int>(p->subset)].erase({p->trace_cls, p->trace_value, p->bytes, p->created});
+  p->trace_indexed = false;
 }
 
 }  // namespace pins

@@ -15,6 +15,10 @@
 //   end_prompt  what the pins::end_prompt op runs (Balancer::end_prompt, a
 //               bounded reclaim step, relieve), after a prompt that hit every pin once; the pins the
 //               boundary drops are replaced (untimed) so N stays.
+//   first decision  the next prompt's first decision, after it repeated the
+//               first access of the prompt before: under the trace policy it
+//               ranks every pin against the new record once (Note [Trace
+//               index]); under the others it is a decision like any other.
 //   sweep       Balancer::sweep() alone (no source died): the check of every
 //               pin's source that only the free_pins op runs now; decisions and
 //               boundaries check a bounded number of ring slots instead
@@ -30,6 +34,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "csrc/balancer/balancer.h"
@@ -74,6 +79,7 @@ uint64_t pin_size(uint64_t i) { return kMinPin * (1 + (i * 7919) % 64); }  // 4 
 struct Point {
   std::vector<double> decision_s;    // per repetition: mean seconds per decision
   std::vector<double> end_prompt_s;  // per repetition
+  std::vector<double> first_decision_s;  // per repetition
   std::vector<double> sweep_s;       // per repetition
 };
 
@@ -106,20 +112,33 @@ class Population {
     return total / count;
   }
 
-  // One prompt that hits every pin (untimed), then its boundary (timed).
-  double prompt_boundary() {
+  // One prompt that hits every pin (untimed), then its boundary (timed); the
+  // next prompt repeats its first access (untimed) and makes its first
+  // decision (timed). Returns the two times.
+  std::pair<double, double> prompt_boundary() {
     if (!bal_.prompt_running()) bal_.mark_prompt(prompt_);
+    std::vector<Request> accesses;
     for (const Balancer::PinInfo& p : bal_.pins()) {
       Request r;
       r.model = p.model;
       r.key = p.key;
       r.bytes = p.bytes;
       r.kind = is_patch(p.subset) ? Kind::Patches : Kind::Weights;
+      accesses.push_back(r);
       cast(r);
     }
-    const double t = time_seconds([&] { end_prompt(); });
+    const double boundary = time_seconds([&] { end_prompt(); });
+    bal_.mark_prompt(prompt_);
+    for (const Request& r : accesses)
+      if (r.kind == Kind::Weights) {  // patches went with the boundary
+        cast(r);
+        break;
+      }
+    const double first = time_seconds([&] {
+      if (bal_.free(kMinPin) == 0) throw std::runtime_error("Balancer::free evicted nothing");
+    });
     for (size_t have = live_pins(); have < static_cast<size_t>(n_); ++have) cast(weight(next_key_++));
-    return t;
+    return {boundary, first};
   }
 
   double sweep() {
@@ -248,16 +267,23 @@ int balancer_main(const std::vector<std::string>& args) {
       Point& pt = points[n];
       for (int rep = 0; rep < reps; ++rep) pt.decision_s.push_back(pop.decisions(per_rep));
       const int64_t departures = pop.stats().trace_departures;
-      for (int rep = 0; rep < reps; ++rep) pt.end_prompt_s.push_back(pop.prompt_boundary());
+      for (int rep = 0; rep < reps; ++rep) {
+        const auto [boundary, first] = pop.prompt_boundary();
+        pt.end_prompt_s.push_back(boundary);
+        pt.first_decision_s.push_back(first);
+      }
       for (int rep = 0; rep < reps; ++rep) pt.sweep_s.push_back(pop.sweep());
       std::printf("%s, %d pins (%zu at the end; trace departures during decisions: %lld)\n", policy.c_str(), n,
                   pop.live_pins(), static_cast<long long>(departures));
       print_reps("decision", pt.decision_s, 1e6, "us");
       print_reps("end_prompt", pt.end_prompt_s, 1e6, "us");
+      print_reps("first decision", pt.first_decision_s, 1e6, "us");
       print_reps("sweep", pt.sweep_s, 1e6, "us");
-      std::snprintf(buf, sizeof buf, " decision_us_%s_%d=%.2f end_prompt_us_%s_%d=%.2f sweep_us_%s_%d=%.2f",
+      std::snprintf(buf, sizeof buf,
+                    " decision_us_%s_%d=%.2f end_prompt_us_%s_%d=%.2f first_decision_us_%s_%d=%.2f sweep_us_%s_%d=%.2f",
                     policy.c_str(), n, median(pt.decision_s) * 1e6, policy.c_str(), n, median(pt.end_prompt_s) * 1e6,
-                    policy.c_str(), n, median(pt.sweep_s) * 1e6);
+                    policy.c_str(), n, median(pt.first_decision_s) * 1e6, policy.c_str(), n,
+                    median(pt.sweep_s) * 1e6);
       result += buf;
     }
     const double growth = median(points[hi].decision_s) / median(points[lo].decision_s);

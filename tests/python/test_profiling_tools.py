@@ -204,7 +204,8 @@ def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
         expected |= {f"decision_growth_{policy}", f"decision_growth_over_floor_{policy}",
                      f"end_prompt_growth_{policy}"}
         for n in (40, 80):
-            expected |= {f"decision_us_{policy}_{n}", f"end_prompt_us_{policy}_{n}", f"sweep_us_{policy}_{n}"}
+            expected |= {f"decision_us_{policy}_{n}", f"end_prompt_us_{policy}_{n}",
+                         f"first_decision_us_{policy}_{n}", f"sweep_us_{policy}_{n}"}
     assert set(figures) == expected
     assert all(v > 0 for v in figures.values()), figures
     # The over-floor figure is the growth divided by the floor's (each printed to two decimals).
@@ -220,7 +221,8 @@ def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
 def test_bench_balancer_policies_option_selects_them():
     _, figures = run_bench("balancer", "--pins", "20,30", "--policies", "lru", "--reps", "1", "--decisions", "1")
     assert set(figures) == {"decision_us_lru_20", "decision_us_lru_30", "end_prompt_us_lru_20",
-                            "end_prompt_us_lru_30", "sweep_us_lru_20", "sweep_us_lru_30", "decision_growth_lru",
+                            "end_prompt_us_lru_30", "first_decision_us_lru_20", "first_decision_us_lru_30",
+                            "sweep_us_lru_20", "sweep_us_lru_30", "decision_growth_lru",
                             "decision_growth_over_floor_lru", "floor_growth", "end_prompt_growth_lru"}
 
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
+#include <optional>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -543,6 +545,49 @@ TEST(BalancerPolicy, TraceFallsBackToMruWhenThePromptDeparts) {
   EXPECT_FALSE(f.has(m, 7, Subset::Weights));
   EXPECT_TRUE(f.has(m, 1, Subset::Weights));
   EXPECT_EQ(f.bal.stats().trace_departures, 1);
+}
+
+// Note [Trace index]: the balancer keeps its by_trace indexes at the recorder's
+// ranks through hits, misses, evictions, patch drops at boundaries, departures
+// and changes of policy: random workflows of three models (reruns, alternation,
+// changed steps, skipped layers, LoRA patches) with room for a third of their pins.
+TEST(BalancerPolicy, TraceIndexFollowsTheRecorder) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("BalancerPolicy.TraceIndexFollowsTheRecorder seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  Config c = base_config();
+  c.policy = PolicyKind::Trace;
+  Fixture f(12, c);
+  const ModelId models[] = {f.bal.register_model("a", "cuda:0"), f.bal.register_model("b", "cuda:0"),
+                            f.bal.register_model("c", "cuda:0")};
+  int checked = 0;
+  for (int prompt = 0; prompt < 80; ++prompt) {
+    if (prompt == 40) {
+      c.policy = PolicyKind::Mru;  // a change of policy and back: the indexes go and come again
+      f.bal.configure(c);
+    } else if (prompt == 44) {
+      c.policy = PolicyKind::Trace;
+      f.bal.configure(c);
+    }
+    const ModelId m = models[prompt % 2 == 0 ? 0 : (rng() % 3 == 0 ? 2 : 1)];
+    f.bal.mark_prompt({m});
+    const uint64_t steps = 2 + rng() % 3, layers = 8 + rng() % 6, lora = rng() % 3;
+    for (uint64_t s = 0; s < steps; ++s)
+      for (uint64_t l = 0; l < layers; ++l) {
+        if (rng() % 8 == 0) continue;  // a layer this step skips: the cursor passes it
+        f.cast(f.req(m, l));
+        if (lora != 0 && l % 3 == 0) f.cast(f.req(m, 1000 * lora + l, Kind::Patches));
+        const std::optional<size_t> faults = f.bal.trace_index_faults();
+        if (!faults) continue;
+        ASSERT_EQ(*faults, 0u) << "seed " << seed << " prompt " << prompt << " step " << s << " layer " << l;
+        ++checked;
+      }
+    f.bal.end_prompt();
+  }
+  EXPECT_GT(checked, 500) << "the indexes must be kept for most of the casts";
+  int64_t evictions = 0;
+  for (ModelId m : models) evictions += f.bal.subset_stats(m, Subset::Weights).evictions_all();
+  EXPECT_GT(evictions, 100) << "the walk must have been used";
 }
 
 // Note [Trace policy]: a pin that the last prompt did not use goes before one it

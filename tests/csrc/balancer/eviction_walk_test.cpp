@@ -111,6 +111,15 @@ TEST(EvictionWalk, ReuseSameOrderAsTheReferenceOnRandomRegistries) {
   }
 }
 
+// Note [Trace index]: every pin into by_trace at its rank under `trace`.
+void index_trace(Registry& r, const TraceRecorder& trace) {
+  for (auto& [id, m] : r.models)
+    for (int s = 0; s < kSubsets; ++s) {
+      m->by_trace[s].clear();
+      for (auto& [key, p] : m->pins[s]) trace_index(*m, p.get(), trace);
+    }
+}
+
 TEST(EvictionWalk, TraceWhileFollowingWalksThePredictedOrder) {
   Registry r;
   Model& m = r.add(0, true, false);
@@ -120,7 +129,62 @@ TEST(EvictionWalk, TraceWhileFollowingWalksThePredictedOrder) {
   trace.end_prompt();
   trace.record({0, Kind::Weights, PinKey{1, 0, 1}});
   ASSERT_TRUE(trace.following());
-  EXPECT_EQ(walked(r, Reach::All, PolicyKind::Trace, trace), reference(r, Reach::All, PolicyKind::Trace, trace));
+  index_trace(r, trace);
+  const auto order = walked(r, Reach::All, PolicyKind::Trace, trace);
+  EXPECT_EQ(order, reference(r, Reach::All, PolicyKind::Trace, trace));
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_EQ(order[0].first->key.storage, 1u) << "1 is next used by the next rerun: farthest";
+  EXPECT_EQ(order[3].first->key.storage, 2u) << "2 comes next";
+}
+
+// Note [Trace index]: the walk over the by_trace indexes is the reference order
+// for random registries and records followed to a random point: every class of
+// rank (next in this prompt, in the next one, never), pins the records do not
+// know, patches, ties in size, every tier and reach.
+TEST(EvictionWalk, TraceSameOrderAsTheReferenceOnRandomRegistries) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("EvictionWalk.TraceSameOrderAsTheReferenceOnRandomRegistries seed %llu\n",
+              static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  int followed = 0;
+  for (int round = 0; round < 300; ++round) {
+    Registry r;
+    std::vector<TraceKey> keys;  // the pins' accesses, and a few no pin serves
+    const int models = 1 + static_cast<int>(rng() % 4);
+    for (int id = 0; id < models; ++id) {
+      Model& m = r.add(id, rng() % 2 == 0, rng() % 4 == 0);
+      const int pins = static_cast<int>(rng() % 14);
+      for (int k = 0; k < pins; ++k) {
+        const auto s = static_cast<Subset>(rng() % kSubsets);
+        const size_t bytes = 1 + rng() % 3;
+        r.pin(m, 1000 * id + k, s, bytes, 0);
+        keys.push_back({id, is_patch(s) ? Kind::Patches : Kind::Weights, PinKey{1000 * static_cast<uint64_t>(id) + k, 0, bytes}});
+      }
+      keys.push_back({id, Kind::Weights, PinKey{999999, 0, 1}});
+    }
+    TraceRecorder trace;
+    std::vector<std::vector<TraceKey>> prompts;
+    const int n = 1 + static_cast<int>(rng() % 4);
+    for (int p = 0; p < n; ++p) {
+      std::vector<TraceKey> prompt;
+      const size_t len = 1 + rng() % 40;
+      for (size_t i = 0; i < len; ++i) prompt.push_back(keys[rng() % keys.size()]);
+      for (const TraceKey& k : prompt) trace.record(k);
+      trace.end_prompt();
+      prompts.push_back(prompt);
+    }
+    // The current prompt replays one of them up to a random point (an older one
+    // makes the newer records depart: the active record is then not the first).
+    const auto& replay = prompts[rng() % prompts.size()];
+    const size_t upto = rng() % (replay.size() + 1);
+    for (size_t i = 0; i < upto; ++i) trace.record(replay[i]);
+    followed += trace.following();
+    index_trace(r, trace);
+    for (Reach reach : {Reach::SparePromptStreaming, Reach::SpareActive, Reach::All})
+      ASSERT_EQ(walked(r, reach, PolicyKind::Trace, trace), reference(r, reach, PolicyKind::Trace, trace))
+          << "seed " << seed << " round " << round << " reach " << last_tier(reach);
+  }
+  EXPECT_GT(followed, 200) << "most rounds must test the walk while a record is followed";
 }
 
 TEST(EvictionWalk, StopsWhenTheVisitorSaysSo) {

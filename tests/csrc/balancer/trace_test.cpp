@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <initializer_list>
+#include <random>
+#include <tuple>
+#include <vector>
 
 namespace pins {
 namespace {
@@ -97,6 +102,72 @@ TEST(TraceRecorder, DepartIsForTheRestOfThePrompt) {
   EXPECT_EQ(t.departures(), 0) << "a change of policy is not counted as a departure";
   t.end_prompt();
   EXPECT_TRUE(t.following());
+}
+
+// Note [Trace index]: next_use() is the rank read against the active record,
+// farther exactly when the rank is larger.
+TEST(TraceRecorder, RankOrdersAsNextUse) {
+  TraceRecorder t;
+  prompt(t, {1, 2, 3, 4});
+  prompt(t, {5, 1, 2, 6});
+  t.record(w(5));
+  t.record(w(1));  // follows the last record [5 1 2 6], cursor 2
+  const std::vector<uint64_t> keys = {1, 2, 3, 4, 5, 6, 9};
+  for (uint64_t a : keys)
+    for (uint64_t b : keys) {
+      const TraceRecorder::Rank ra = t.rank(w(a)), rb = t.rank(w(b));
+      EXPECT_EQ(t.next_use(w(a)) < t.next_use(w(b)), std::tie(ra.cls, ra.value) < std::tie(rb.cls, rb.value))
+          << a << " against " << b;
+    }
+  EXPECT_EQ(t.rank(w(2)).cls, 0u) << "next in this prompt";
+  EXPECT_EQ(t.rank(w(5)).cls, 1u) << "next in the next rerun";
+  EXPECT_EQ(t.rank(w(9)).cls, 2u) << "never";
+}
+
+// Note [Trace index]: within one generation, a key whose rank an access changes
+// is among the keys record() reports as moved; a change of the active record
+// changes the generation. Random prompts over a few keys: reruns, prefixes,
+// departures, LoRA patches that come and go.
+TEST(TraceRecorder, RecordReportsEveryKeyWhoseRankMoved) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("TraceRecorder.RecordReportsEveryKeyWhoseRankMoved seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<TraceKey> universe;
+  for (uint64_t k = 1; k <= 12; ++k) universe.push_back(w(k));
+  for (uint64_t k = 1; k <= 4; ++k) universe.push_back(patch(100 + k));
+  TraceRecorder t;
+  std::vector<std::vector<TraceKey>> past;
+  std::vector<TraceKey> moved;
+  for (int p = 0; p < 60; ++p) {
+    // The next prompt: a past one (often with a change or two), else a fresh draw.
+    std::vector<TraceKey> next;
+    if (!past.empty() && rng() % 4 != 0) {
+      next = past[rng() % past.size()];
+      if (rng() % 2 == 0 && !next.empty()) next[rng() % next.size()] = universe[rng() % universe.size()];
+      if (rng() % 3 == 0) next.resize(rng() % (next.size() + 1));
+    } else {
+      const size_t len = 1 + rng() % 30;
+      for (size_t i = 0; i < len; ++i) next.push_back(universe[rng() % universe.size()]);
+    }
+    for (const TraceKey& k : next) {
+      std::vector<TraceRecorder::Rank> before;
+      const bool following = t.following();
+      for (const TraceKey& u : universe) before.push_back(following ? t.rank(u) : TraceRecorder::Rank{});
+      const uint64_t gen = t.generation();
+      moved.clear();
+      t.record(k, &moved);
+      if (!following || !t.following() || t.generation() != gen) continue;
+      for (size_t i = 0; i < universe.size(); ++i) {
+        const TraceRecorder::Rank r = t.rank(universe[i]);
+        if (r.cls == before[i].cls && r.value == before[i].value) continue;
+        ASSERT_NE(std::find(moved.begin(), moved.end(), universe[i]), moved.end())
+            << "seed " << seed << " prompt " << p << ": key " << universe[i].key.storage
+            << " moved without being reported";
+      }
+    }
+    past.push_back(next);
+    t.end_prompt();
+  }
 }
 
 }  // namespace
