@@ -4,6 +4,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "csrc/files/mapped.h"
 #include "ops/allocator/torch_allocator.h"
@@ -22,6 +23,22 @@ class StorageGuard final : public SourceGuard {
  private:
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_;
 };
+
+// Note [Chunked fill]: a chunk is large enough that a transfer's launch is
+// small beside it, small enough that the eight of a 32 MiB layer overlap.
+constexpr int64_t kChunkBytes = int64_t{4} << 20;
+
+// Whether a miss of `source` to `device` goes in chunks: to a device (on the
+// CPU the whole copy, on torch's threads, measured faster), from a source in
+// memory (a mapped file's source is read from the file, whole), contiguous (a
+// strided one is gathered by copy_), of at least two chunks.
+bool chunked_fill(const at::Tensor& source, c10::Device device) {
+  if (device.is_cpu() || !source.is_contiguous()) return false;
+  const int64_t bytes = static_cast<int64_t>(source.nbytes());
+  if (bytes < 2 * kChunkBytes) return false;
+  files::FileRange range;
+  return !files::find_mapped(source.const_data_ptr(), static_cast<uint64_t>(bytes), range);
+}
 
 uint64_t layout_hash(const at::Tensor& t) {
   if (t.is_contiguous()) return 0;
@@ -117,6 +134,54 @@ void fill_pin(const at::Tensor& pin, const at::Tensor& source) {
     if (translate([&] { return files::fill_from_file(source.const_data_ptr(), n, pin.mutable_data_ptr()); })) return;
   }
   pin.copy_(source);
+}
+
+void fill_in_chunks(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& staged, bool non_blocking,
+                    int64_t chunk_bytes) {
+  const int64_t n = source.numel(), size = source.element_size();
+  const int64_t step = std::max<int64_t>(1, chunk_bytes / size);
+  const auto* from = static_cast<const char*>(source.const_data_ptr());
+  auto* to = static_cast<char*>(pin.mutable_data_ptr());
+  const at::Tensor flat_pin = pin.view({-1}), flat_staged = staged.view({-1});
+  for (int64_t i = 0; i < n; i += step) {
+    const int64_t len = std::min(step, n - i);
+    std::memcpy(to + i * size, from + i * size, static_cast<size_t>(len * size));
+    flat_staged.narrow(0, i, len).copy_(flat_pin.narrow(0, i, len), /*non_blocking=*/true);
+  }
+  if (!non_blocking && !staged.is_cpu())
+    c10::impl::VirtualGuardImpl(staged.device().type()).getStream(staged.device()).synchronize();
+}
+
+at::Tensor fill_and_copy(const at::Tensor& pin, const at::Tensor& source, c10::Device device,
+                         std::optional<c10::ScalarType> dtype, bool non_blocking) {
+  if (!chunked_fill(source, device)) {
+    fill_pin(pin, source);
+    return plain_copy(pin, device, dtype, non_blocking);
+  }
+  // As plain_copy() to a device: the bytes as they are, then the conversion there.
+  const at::TensorOptions options = source.options().device(device).memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor staged = at::empty(source.sizes(), options);
+  fill_in_chunks(pin, source, staged, non_blocking, kChunkBytes);
+  const c10::ScalarType want = dtype.value_or(source.scalar_type());
+  if (want == source.scalar_type()) return staged;
+  at::Tensor out = at::empty(source.sizes(), options.dtype(want));
+  out.copy_(staged);  // on the device's current stream, after the transfers
+  return out;
+}
+
+void fill_and_copy_into(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& out, bool non_blocking) {
+  if (out.scalar_type() == source.scalar_type() && out.is_contiguous() && chunked_fill(source, out.device())) {
+    fill_in_chunks(pin, source, out, non_blocking, kChunkBytes);
+    return;
+  }
+  if (out.scalar_type() == source.scalar_type() || out.device().is_cpu()) {
+    fill_pin(pin, source);
+    out.copy_(pin, non_blocking);  // one pass; on the CPU the copy converts as it goes
+    return;
+  }
+  // The transfer in the source's dtype (in chunks where it may), then the
+  // conversion on the device, as cast_to_device.
+  out.copy_(fill_and_copy(pin, source, out.device(), std::nullopt, non_blocking));
 }
 
 void fence(const Lease& lease, c10::Device device, bool non_blocking) {

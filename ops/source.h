@@ -52,6 +52,35 @@ at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like)
 // else copied from memory. A read error is a c10::Error naming the file.
 void fill_pin(const at::Tensor& pin, const at::Tensor& source);
 
+// Note [Chunked fill]
+// A miss fills its new pin from the source and copies the pin to the result.
+// To a device, done whole, the transfer waits for the whole fill; from a source
+// in memory (not a file, Note [File-backed pins]) the two go in 4 MiB chunks
+// instead, the transfer of one chunk running while the next is copied into the
+// pin, so a miss costs about the longer of the two rather than their sum. To
+// the CPU the fill and the copy stay whole: done in chunks (256 KiB, each
+// converted while still in the cache) a 32 MiB fp16 -> bf16 miss took
+// 1.24-1.31x a plain .to() against 1.14-1.21x whole (docs/PERFORMANCE.md, "a
+// miss"): torch's copy_ spreads a whole tensor over its threads and sets up
+// once. The result and the pin hold the same
+// bytes as a whole fill and a plain_copy() from the pin would give.
+//
+// `source` into `pin` (a pin_view of a new lease), and the result as
+// plain_copy(pin, device, dtype, non_blocking) would return it.
+at::Tensor fill_and_copy(const at::Tensor& pin, const at::Tensor& source, c10::Device device,
+                         std::optional<c10::ScalarType> dtype, bool non_blocking);
+// The same into `out` (on the device, the source's shape, the dtype wanted), as
+// the out= overload copies from a pin.
+void fill_and_copy_into(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& out, bool non_blocking);
+// The chunks themselves: contiguous `source` into `pin` and on into `staged`
+// (contiguous, the source's shape and dtype; the CPU too, for tests), chunks of
+// `chunk_bytes` rounded down to whole elements (at least one). Each transfer is
+// queued on the device's current stream without waiting, so it runs while the
+// next chunk is copied into the pin; unless `non_blocking`, the stream is
+// waited for at the end, as a blocking copy_ would.
+void fill_in_chunks(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& staged, bool non_blocking,
+                    int64_t chunk_bytes);
+
 // Fences the pin behind `lease` against the copies just queued on `device`'s
 // current stream (non_blocking copies to a non-CPU device only): it is neither
 // evicted nor reused until the stream passes them.

@@ -37,6 +37,10 @@ log "bench alloc: $(tail -1 "$OUT/bench-alloc.txt")"
 # cudaMemcpyAsync underneath), then the lowvram loop casting to the device.
 PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_h2d.py > "$OUT/bench-h2d.txt" 2>&1
 log "bench h2d: $(tail -1 "$OUT/bench-h2d.txt")"
+# A miss to the device: the pin's fill and its transfer in overlapping chunks
+# (Note [Chunked fill]) against a pageable .to(device, dtype).
+PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_miss.py --device cuda > "$OUT/bench-miss.txt" 2>&1
+log "bench miss: $(tail -1 "$OUT/bench-miss.txt")"
 build-gpu/bin/pins-bench fill > "$OUT/bench-fill.txt" 2>&1
 log "bench fill: $(tail -1 "$OUT/bench-fill.txt")"
 build-gpu/bin/pins-bench cast > "$OUT/bench-cast.txt" 2>&1

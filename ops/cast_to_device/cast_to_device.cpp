@@ -69,17 +69,9 @@ Lease acquire_pin(Balancer& bal, const at::Tensor& source, int64_t model, Kind k
   return translate([&] { return bal.acquire(r, [&] { return storage_guard({source}); }); });
 }
 
-// What a cast copies from: its pin, filled if new, or (no lease) the source.
-at::Tensor pinned_or_source(Lease& lease, const at::Tensor& source) {
-  if (!lease) return source;
-  at::Tensor pin = pin_view(lease, 0, source);
-  if (lease.needs_fill()) {
-    PINS_RANGE("pins::fill");
-    fill_pin(pin, source);
-    lease.filled();
-  }
-  return pin;
-}
+// Whether the cast fills a new pin: then the fill and the copy go together
+// (Note [Chunked fill] in ops/source.h).
+bool fills(const Lease& lease) { return lease && lease.needs_fill(); }
 
 // The lease of a cast with a model, or an empty one after counting a plain copy.
 Lease lease_for(const at::Tensor& source, int64_t model, Kind kind, bool resident, std::optional<int64_t> signature,
@@ -103,7 +95,14 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
   at::NoGradGuard no_grad;
   PINS_RANGE("pins::cast_to_device");
   Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
-  at::Tensor out = plain_copy(pinned_or_source(lease, source), device, dtype, non_blocking);
+  at::Tensor out;
+  if (fills(lease)) {
+    PINS_RANGE("pins::fill");
+    out = fill_and_copy(pin_view(lease, 0, source), source, device, dtype, non_blocking);
+    lease.filled();
+  } else {
+    out = plain_copy(lease ? pin_view(lease, 0, source) : source, device, dtype, non_blocking);
+  }
   if (lease) fence(lease, out.device(), non_blocking);
   return out;
 }
@@ -133,7 +132,14 @@ at::Tensor& cast_to_device_out_kernel(const at::Tensor& source, c10::Device devi
   at::NoGradGuard no_grad;
   PINS_RANGE("pins::cast_to_device.out");
   Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
-  const at::Tensor from = pinned_or_source(lease, source);
+  if (fills(lease)) {
+    PINS_RANGE("pins::fill");
+    fill_and_copy_into(pin_view(lease, 0, source), source, out, non_blocking);
+    lease.filled();
+    fence(lease, out.device(), non_blocking);
+    return out;
+  }
+  const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
   if (from.scalar_type() == out.scalar_type() || out.device().is_cpu()) {
     out.copy_(from, non_blocking);  // one pass; on the CPU the copy converts as it goes
   } else {

@@ -170,6 +170,32 @@ def test_dtype_conversion_is_bit_identical_to_torch(pins, model, src, dst):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
+# A miss of a layer-sized source to the CPU (Note [Chunked fill]: whole, not in
+# chunks, there) and the hit after it hold exactly the bytes of torch's copy,
+# converted or not, into out= too; an odd size leaves no element out.
+@pytest.mark.parametrize("src,dst", [
+    (torch.float16, torch.bfloat16), (torch.float16, None), (torch.float32, torch.float16),
+    (torch.int8, torch.float32), (torch.float64, torch.float32),
+])
+def test_a_large_miss_and_hit_have_the_bytes_of_torchs_copy(pins, model, src, dst):
+    g = torch.Generator().manual_seed(1)
+    n = 3 * (1 << 18) + 4099
+    w = (torch.randn(n, generator=g) * 100).to(src).reshape(-1, 1)
+    want = w.to(dst) if dst is not None else w.clone()
+    before = pins.stats()
+    for _ in range(2):  # the miss, then the hit from the pin it filled
+        got = pins.cast_to_device(w, "cpu", dtype=dst, model=model)
+        assert got.dtype == want.dtype and got.shape == w.shape and got.is_contiguous()
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert delta(pins, before, "misses") == 1 and delta(pins, before, "hits") == 1
+    w2 = w + 1
+    out = torch.empty(w2.shape, dtype=want.dtype)
+    for _ in range(2):
+        out.zero_()
+        assert pins.cast_to_device(w2, "cpu", dtype=dst, model=model, out=out) is out
+        assert torch.equal(out.view(torch.uint8), w2.to(want.dtype).view(torch.uint8))
+
+
 def test_free_pins_returns_bytes_freed(pins, model):
     ws = [torch.randn(1 << 14) for _ in range(4)]
     for w in ws:

@@ -73,3 +73,29 @@ def test_out_on_the_device_with_non_blocking(pins, model):
     assert torch.equal(buf, w.to("cuda").to(torch.bfloat16))
     with pytest.raises(ValueError, match=r"out must be on the device cuda"):
         pins.cast_to_device(w, "cuda", model=model, out=torch.empty(2048, 129))
+
+
+# Note [Chunked fill] (ops/source.h): a miss to the device of a source of
+# several 4 MiB chunks fills the pin and transfers it a chunk at a time, the
+# transfers queued while the next chunk fills; the last chunk is partial. The
+# result, and the pin the hit then reads, hold the bytes of a whole fill,
+# blocking or not, converted on the device or not, and into out= too.
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_a_large_miss_fills_and_transfers_in_chunks(pins, model, dtype, non_blocking):
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(5 * (1 << 21) + 4099, generator=g).to(torch.float16).reshape(-1, 1)  # 20 MiB and a bit
+    want = w.to("cuda") if dtype is None else w.to("cuda").to(dtype)
+    before = pins.stats()
+    for _ in range(2):  # the miss (chunked), then the hit from the pin it filled
+        got = pins.cast_to_device(w, "cuda", dtype=dtype, non_blocking=non_blocking, model=model)
+        torch.cuda.current_stream().synchronize()
+        assert got.shape == w.shape and torch.equal(got, want)
+    assert pins.stats()[f"model.{model}.weights.misses"] - before.get(f"model.{model}.weights.misses", 0) == 1
+    w2 = w + 1
+    out = torch.empty(w2.shape, dtype=want.dtype, device="cuda")
+    for _ in range(2):
+        out.zero_()
+        assert pins.cast_to_device(w2, "cuda", dtype=dtype, non_blocking=non_blocking, model=model, out=out) is out
+        torch.cuda.current_stream().synchronize()
+        assert torch.equal(out, w2.to("cuda").to(want.dtype))

@@ -286,6 +286,20 @@ def test_bench_cast_python_ends_with_per_call_costs():
     assert "the same bytes" in out.stdout
 
 
+def test_bench_miss_ends_with_miss_and_hit_ratios():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_miss.py"), "--mib", "1",
+                          "--reps", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr
+    figures = result_of(out.stdout)
+    assert set(figures) == {"miss_ratio", "hit_ratio", "miss_same_ratio", "hit_same_ratio"}
+    assert all(v > 0 for v in figures.values()), figures
+    # Two misses and two hits per repetition, each what its name says.
+    assert "misses 4, hits 4" in out.stdout, out.stdout
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_miss.py"), "--mib", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--mib and --reps must be positive, got 0 and 15" in bad.stderr, bad.stderr
+
+
 def test_bench_cast_python_refuses_a_bad_option():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_cast_python.py"), "--calls", "0"],
                          capture_output=True, text=True, timeout=300)
