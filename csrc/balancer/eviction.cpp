@@ -45,59 +45,63 @@ bool visit_merged(std::vector<Stream<It>>& streams, RankOf rank_of,
   }
 }
 
-// Note [Reuse policy]: the order of eviction_order() from the models' by_reuse
-// indexes. Within a subset's group of one gap, the pins of each stage are a
-// range of last uses (cut at failed_before()), ordered as the policy orders
-// them when read backwards, whatever the prompt length and the clamp; the walk
-// merges the ranges' heads: tiers 1-4, then tier 5 when the reach allows.
-void walk_reuse_order(const Models& models, Reach reach, const ReuseHistory& history, uint64_t now,
-                      const std::function<bool(const Candidate&)>& visit) {
-  using It = std::map<Model::ReuseKey, Pin*>::const_iterator;
-  for (const bool last : {false, true}) {  // tiers 1-4, then tier 5
+// Tiers 1-4 merged, then tier 5 when the reach allows: add(model, subset,
+// tier, streams) adds the streams of each subset within the reach, and they
+// are visited by visit_merged() in the order of rank_of.
+template <typename It, typename Add, typename RankOf>
+void walk_merged_tiers(const Models& models, Reach reach, Add add, RankOf rank_of,
+                       const std::function<bool(const Candidate&)>& visit) {
+  for (const bool last : {false, true}) {
     if (last && last_tier(reach) < 5) return;
     std::vector<Stream<It>> streams;
     for (const auto& [id, m] : models)
       for (int s = 0; s < kSubsets; ++s) {
         const int tier = tier_of(static_cast<Subset>(s), *m);
-        if ((tier == 5) != last || tier > last_tier(reach)) continue;
-        const auto& index = m->by_reuse[s];
-        for (It g = index.begin(); g != index.end();) {
-          const uint64_t gap = std::get<0>(g->first);
-          const It group_end = index.lower_bound({gap + 1, 0, 0, 0});
-          // Stage k holds the uses in [failed_before(k), failed_before(k - 1)); never the rest.
-          It hi = group_end;
-          for (int stage = 0; stage < ReuseHistory::kStages; ++stage) {
-            const It lo = index.lower_bound({gap, history.failed_before(gap, stage, now), 0, 0});
-            if (lo != hi) streams.push_back({lo, hi, tier, tier > 2});
-            hi = lo;
-          }
-          if (g != hi) streams.push_back({g, hi, tier, tier > 2});
-          g = group_end;
-        }
+        if ((tier == 5) == last && tier <= last_tier(reach)) add(*m, s, tier, streams);
       }
-    const auto rank_of = [&](const Stream<It>& st, It head) {
-      return reuse_rank(history, *head->second, st.in_prompt, now);
-    };
     if (!visit_merged(streams, rank_of, visit)) return;
   }
 }
 
+// Note [Reuse policy]: the order of eviction_order() from the models' by_reuse
+// indexes. Within a subset's group of one gap, the pins of each stage are a
+// range of last uses (cut at failed_before()), ordered as the policy orders
+// them when read backwards, whatever the prompt length and the clamp; the walk
+// merges the ranges' heads.
+void walk_reuse_order(const Models& models, Reach reach, const ReuseHistory& history, uint64_t now,
+                      const std::function<bool(const Candidate&)>& visit) {
+  using It = std::map<Model::ReuseKey, Pin*>::const_iterator;
+  const auto add = [&](const Model& m, int s, int tier, std::vector<Stream<It>>& streams) {
+    const auto& index = m.by_reuse[s];
+    for (It g = index.begin(); g != index.end();) {
+      const uint64_t gap = std::get<0>(g->first);
+      const It group_end = index.lower_bound({gap + 1, 0, 0, 0});
+      // Stage k holds the uses in [failed_before(k), failed_before(k - 1)); never the rest.
+      It hi = group_end;
+      for (int stage = 0; stage < ReuseHistory::kStages; ++stage) {
+        const It lo = index.lower_bound({gap, history.failed_before(gap, stage, now), 0, 0});
+        if (lo != hi) streams.push_back({lo, hi, tier, tier > 2});
+        hi = lo;
+      }
+      if (g != hi) streams.push_back({g, hi, tier, tier > 2});
+      g = group_end;
+    }
+  };
+  const auto rank_of = [&](const Stream<It>& st, It head) {
+    return reuse_rank(history, *head->second, st.in_prompt, now);
+  };
+  walk_merged_tiers<It>(models, reach, add, rank_of, visit);
+}
+
 // Note [Trace index]: the order of eviction_order() while the trace policy
 // follows a record, from the models' by_trace indexes, each read backwards
-// (farthest next use first): tiers 1-4 merged, then tier 5 when the reach allows.
+// (farthest next use first).
 void walk_trace_order(const Models& models, Reach reach, const std::function<bool(const Candidate&)>& visit) {
   using It = std::map<Model::TraceIndexKey, Pin*>::const_iterator;
-  for (const bool last : {false, true}) {  // tiers 1-4, then tier 5
-    if (last && last_tier(reach) < 5) return;
-    std::vector<Stream<It>> streams;
-    for (const auto& [id, m] : models)
-      for (int s = 0; s < kSubsets; ++s) {
-        const int tier = tier_of(static_cast<Subset>(s), *m);
-        if ((tier == 5) != last || tier > last_tier(reach) || m->by_trace[s].empty()) continue;
-        streams.push_back({m->by_trace[s].begin(), m->by_trace[s].end(), tier, tier > 2});
-      }
-    if (!visit_merged(streams, [](const Stream<It>&, It head) { return head->first; }, visit)) return;
-  }
+  const auto add = [](const Model& m, int s, int tier, std::vector<Stream<It>>& streams) {
+    if (!m.by_trace[s].empty()) streams.push_back({m.by_trace[s].begin(), m.by_trace[s].end(), tier, tier > 2});
+  };
+  walk_merged_tiers<It>(models, reach, add, [](const Stream<It>&, It head) { return head->first; }, visit);
 }
 
 }  // namespace
