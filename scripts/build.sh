@@ -3,7 +3,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-if [ ! -f build/build.ninja ]; then
+# Configured again where a tree predates the Python_EXECUTABLE argument (torch_pins._C).
+if [ ! -f build/build.ninja ] || ! grep -q '^Python_EXECUTABLE:' build/CMakeCache.txt; then
   mapfile -t torch_args < <(bash scripts/torch_cmake_args.sh .venv/bin/python)
   cmake -S . -B build -G Ninja "${torch_args[@]}" >/dev/null
 fi

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Prints the CMake arguments that find the torch of the Python given as $1, one
-# per line: its cmake prefix, and for a CUDA build of torch what its CUDA cmake
-# config needs besides (no GPU probing: pins compiles no device code; the
-# toolkit root, which a wrapper script for nvcc hides; nvrtc from torch's own
-# wheels when the toolkit lacks it).
+# per line: its cmake prefix, that Python itself (whose headers build
+# torch_pins._C), and for a CUDA build of torch what its CUDA cmake config needs
+# besides (no GPU probing: pins compiles no device code; the toolkit root, which
+# a wrapper script for nvcc hides; nvrtc from torch's own wheels when the
+# toolkit lacks it).
 set -euo pipefail
 py=${1:?usage: torch_cmake_args.sh PYTHON}
 "$py" - <<'PY'
-import glob, os
+import glob, os, sys
 import torch, torch.utils
 print("-DCMAKE_PREFIX_PATH=" + torch.utils.cmake_prefix_path)
+print("-DPython_EXECUTABLE=" + sys.executable)
 if torch.version.cuda:
     print("-DTORCH_CUDA_ARCH_LIST=" + os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0"))
     if os.path.isdir("/usr/local/cuda"):

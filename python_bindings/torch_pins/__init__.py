@@ -11,8 +11,10 @@ Load the library and use the ops::
     print(pins.summary())
 
 Every function here calls the torch op of the same name (``torch.ops.pins.*``),
-so Python, TorchScript and C++ run the same code. Configuration comes from the
-``PINS_CONF`` environment variable or :func:`configure`.
+so Python, TorchScript and C++ run the same code; :func:`cast_to_device` calls it
+through the package's extension module where the build made one, which skips
+the generic Python call of an op (Note [Python fast path]). Configuration comes
+from the ``PINS_CONF`` environment variable or :func:`configure`.
 
 Staleness: a pin is valid for its source's storage (held weakly), byte offset,
 size, layout, version counter where the source has one (inference tensors have
@@ -38,7 +40,8 @@ import torch
 from . import _library
 from ._version import __version__
 
-_library.load()
+# The extension after the library: it finds the op in the dispatcher.
+_C = _library.load_extension(_library.load())
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from . import _subclass  # noqa: E402  (tensor wrapper subclasses: Note [Wrapper subclasses])
 
@@ -53,7 +56,14 @@ library_path = _library.library_path
 _ops = torch.ops.pins
 # The overload itself: calling the packet (torch.ops.pins.cast_to_device) first
 # resolves among its overloads on every call.
-_cast_to_device = _ops.cast_to_device.default
+_cast_to_device_op = _ops.cast_to_device.default
+# What cast_to_device calls: the extension's entry, which skips the generic op
+# call, where it loaded (Note [Python fast path], python_bindings/csrc/module.cpp).
+_cast_to_device = _C.cast_to_device if _C is not None else _cast_to_device_op
+# Dynamo cannot trace a C function (a graph break): while it traces, the op.
+# is_dynamo_compiling, not is_compiling: other tracers (make_fx, non-strict
+# export) reach the op through the extension's forwarding or the dispatcher.
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _PLAIN_TYPES = _subclass._PLAIN_TYPES
 DeviceLike = Union[torch.device, str, int]
 
@@ -148,8 +158,8 @@ def cast_to_device(source: torch.Tensor, device: DeviceLike, dtype: Optional[tor
     ``model`` that is not registered or an ``out`` that does not fit raises
     ``ValueError``."""
     # The hot path (docs/PERFORMANCE.md, "cast from Python"): a plain tensor, a
-    # torch.device, no signature and no out= cost three checks and one call of
-    # the op's overload, bound once.
+    # torch.device, no signature and no out= cost four checks and one call of
+    # the extension's entry (Note [Python fast path]) or else the op's overload.
     if signature is not None:
         _check_signature("cast_to_device", signature)
     if type(source) not in _PLAIN_TYPES and _subclass.is_wrapper(source):
@@ -157,11 +167,12 @@ def cast_to_device(source: torch.Tensor, device: DeviceLike, dtype: Optional[tor
     if type(device) is not torch.device:
         device = torch.device(device)
     if out is None:
+        cast = _cast_to_device_op if _is_dynamo_compiling() else _cast_to_device
         # torch.ops parses every argument it is given against the schema (about
         # 0.4 us each from Python): trailing defaults are left to the schema.
         if signature is None and resident is False and kind == "weights":
-            return _cast_to_device(source, device, dtype, non_blocking, model)
-        return _cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature)
+            return cast(source, device, dtype, non_blocking, model)
+        return cast(source, device, dtype, non_blocking, model, kind, resident, signature)
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"cast_to_device: out must be a tensor, got {type(out).__name__}")
     return _ops.cast_to_device.out(source, device, dtype, non_blocking, model, kind, resident, signature, out=out)

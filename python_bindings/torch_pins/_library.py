@@ -1,5 +1,10 @@
-"""Finds and loads libpins.so into torch (once)."""
+"""Finds and loads libpins.so into torch (once), and the extension module beside it."""
+import importlib.util
 import os
+import sys
+import sysconfig
+import warnings
+from types import ModuleType
 from typing import List, Optional
 
 import torch
@@ -61,3 +66,35 @@ def load() -> str:
         )
     torch.ops.load_library(path)
     return path
+
+
+def extension_path(library: str) -> str:
+    """Where torch_pins._C of the build that made ``library`` is: beside it, as
+    the build (build/lib), its copy in the package and the wheel place it."""
+    return os.path.join(os.path.dirname(library), "_C" + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def load_extension(library: str) -> Optional[ModuleType]:
+    """torch_pins._C, the fast path of cast_to_device (Note [Python fast path] in
+    python_bindings/csrc/module.cpp), from beside the loaded ``library``: the
+    same build, so the same torch. Call it after :func:`load`: the module finds
+    the op in the dispatcher and links no libpins of its own. None where that
+    build made no module (a C++-only build, no Python headers, a copy of the
+    library alone); a module that is there but does not load (built for another
+    torch) warns and is not used. Either way the op then serves every cast."""
+    name = __package__ + "._C"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = extension_path(library)
+    if not os.path.isfile(path):
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as e:
+        warnings.warn(f"torch_pins: {path} does not load, so cast_to_device calls the op on every cast: {e}",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    sys.modules[name] = module
+    return module

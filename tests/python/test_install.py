@@ -1,6 +1,7 @@
 """An install from a fresh clone into another prefix and another venv:
 the wheel built by `pip install --no-build-isolation ./python_bindings` runs the
-README's Python examples in a venv of its own, `cmake --install` gives a package
+README's Python examples in a venv of its own (its casts through the wheel's
+torch_pins._C), `cmake --install` gives a package
 that the C++ app finds from another prefix with only torch's prefix added, and
 neither carries a path of the build machine.
 
@@ -23,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 import zipfile
 
@@ -198,8 +200,9 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
     z = zipfile.ZipFile(installed["wheel"])
     names = z.namelist()
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    extension = "torch_pins/_lib/_C" + sysconfig.get_config_var("EXT_SUFFIX")  # the venv's Python is this one
     for want in ["torch_pins/__init__.py", "torch_pins/__main__.py", "torch_pins/_fake.py", "torch_pins/_version.py",
-                 "torch_pins/py.typed", "torch_pins/_lib/libpins.so", "torch_pins/_lib/libpins.so.torch",
+                 "torch_pins/py.typed", "torch_pins/_lib/libpins.so", "torch_pins/_lib/libpins.so.torch", extension,
                  f"{info}/licenses/LICENSE", f"{info}/entry_points.txt"]:
         assert want in names, (want, names)
     meta = z.read(f"{info}/METADATA").decode()
@@ -210,11 +213,12 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
 
     assert f"\nVersion: {__version__}\n" in meta, meta
     assert z.read(f"{info}/licenses/LICENSE") == open(os.path.join(ROOT, "LICENSE"), "rb").read()
-    lib = os.path.join(os.path.dirname(installed["wheel"]), "libpins.so")
-    with open(lib, "wb") as f:
-        f.write(z.read("torch_pins/_lib/libpins.so"))
-    sections = subprocess.run(["readelf", "-S", "-W", lib], capture_output=True, text=True, check=True).stdout
-    assert ".symtab" not in sections and ".debug_info" not in sections, "libpins.so in the wheel is not stripped"
+    for name in ("torch_pins/_lib/libpins.so", extension):
+        lib = os.path.join(os.path.dirname(installed["wheel"]), os.path.basename(name))
+        with open(lib, "wb") as f:
+            f.write(z.read(name))
+        sections = subprocess.run(["readelf", "-S", "-W", lib], capture_output=True, text=True, check=True).stdout
+        assert ".symtab" not in sections and ".debug_info" not in sections, f"{name} in the wheel is not stripped"
 
 
 def test_wheel_names_no_path_of_the_build_machine(installed):
@@ -231,6 +235,27 @@ def test_wheel_in_another_venv_runs_the_readme_python_examples(installed, tmp_pa
         script = tmp_path / f"example{i}.py"
         script.write_text(code)
         run(f"README python block {i} in the venv", [VENV_PY, str(script)], cwd=str(tmp_path))
+
+
+def test_wheel_in_another_venv_casts_through_its_extension(installed, tmp_path):
+    # Note [Python fast path]: the wheel's torch_pins._C, beside the wheel's libpins.so, serves the cast.
+    script = tmp_path / "fast_path.py"
+    script.write_text("""
+import warnings
+import torch
+warnings.simplefilter("error", RuntimeWarning)  # torch_pins's own, were the module not to load
+import torch_pins as p
+m = p.register_model("m", "cpu")
+w = torch.randn(64)
+for _ in range(2):
+    assert torch.equal(p.cast_to_device(w, "cpu", model=m), w)
+print(p._C.__file__, p.library_path(), p._C.path_counts(), p.stats()["hits"])
+""")
+    out = run("fast path in the venv", [VENV_PY, str(script)], cwd=str(tmp_path))
+    lib = os.path.join(venv_site(), "torch_pins", "_lib")
+    extension = os.path.join(lib, "_C" + sysconfig.get_config_var("EXT_SUFFIX"))
+    assert out.stdout.split() == [extension, os.path.join(lib, "libpins.so"), "{'fast':", "2,", "'forwarded':", "0}",
+                                  "1"], out.stdout
 
 
 def test_wheel_cli_in_another_venv(installed, tmp_path):

@@ -277,12 +277,17 @@ def test_bench_cast_python_ends_with_per_call_costs():
                           "--reps", "2"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr
     figures = result_of(out.stdout)
+    # The extension's own figure where this configuration loads torch_pins._C (tests/python/test_fast_path.py
+    # checks that the repository's build makes it).
+    import torch_pins
+
+    fast = {"py_fast_hit_us"} if torch_pins._C is not None else set()
     assert set(figures) == {"py_clone_us", "py_op_hit_us", "py_hit_us", "py_plain_us", "py_miss_us",
-                            "py_hit_overhead_us"}
-    assert all(figures[k] > 0 for k in ("py_clone_us", "py_op_hit_us", "py_hit_us", "py_plain_us", "py_miss_us")), \
-        figures
-    # Every op-hit and hit call (2 x 2 x 200, plus 2 x 100 of warm-up) was a hit.
-    assert "hits served: 1000 " in out.stdout, out.stdout
+                            "py_hit_overhead_us"} | fast
+    positive = {"py_clone_us", "py_op_hit_us", "py_hit_us", "py_plain_us", "py_miss_us"} | fast
+    assert all(figures[k] > 0 for k in positive), figures
+    # Every op-hit, fast-hit and hit call (2 x 200 each, plus 100 of warm-up) was a hit.
+    assert f"hits served: {500 * (3 if fast else 2)} " in out.stdout, out.stdout
     assert "the same bytes" in out.stdout
 
 
