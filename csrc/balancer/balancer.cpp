@@ -646,13 +646,7 @@ void Balancer::rebuild_trace_index_locked() {
     for (int s = 0; s < kSubsets; ++s) {
       run.clear();
       run.reserve(m->pins[s].size());
-      for (auto& [key, p] : m->pins[s]) {
-        const TraceRecorder::Rank r = trace_.rank(trace_key(*p));
-        p->trace_cls = r.cls;
-        p->trace_value = r.value;
-        p->trace_indexed = true;
-        run.emplace_back(Model::TraceIndexKey{r.cls, r.value, p->bytes, p->created}, p.get());
-      }
+      for (auto& [key, p] : m->pins[s]) run.emplace_back(rank_pin(*p, trace_), p.get());
       std::sort(run.begin(), run.end());
       for (const auto& [k, p] : run) m->by_trace[s].emplace_hint(m->by_trace[s].end(), k, p);
     }
@@ -677,7 +671,7 @@ std::optional<size_t> Balancer::trace_index_faults() const {
     for (int s = 0; s < kSubsets; ++s) {
       faults += m->by_trace[s].size() != m->pins[s].size();
       for (const auto& [key, p] : m->pins[s]) {
-        const TraceRecorder::Rank r = trace_.rank(trace_key(*p));
+        const TraceRecorder::Rank r = trace_.rank(trace_key(*p));  // afresh, not the rank p holds
         const auto it = m->by_trace[s].find({r.cls, r.value, p->bytes, p->created});
         faults += it == m->by_trace[s].end() || it->second != p.get();
       }

@@ -24,7 +24,7 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
   }
   if (departed_) return;
   const size_t was_active = active();
-  bool following = false;
+  bool following = false, reported = false;
   for (size_t i = 0; i < records_.size(); ++i) {
     Record& rec = records_[i];
     if (rec.departed) continue;
@@ -34,9 +34,12 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
       auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(rec.cursor));
       if (pos != it->second.end() && *pos - rec.cursor <= window) {
         // Note [Trace index]: the keys whose positions the active cursor passes.
-        if (i == was_active && moved != nullptr)
+        // They end with `k` itself.
+        if (i == was_active && moved != nullptr) {
           moved->insert(moved->end(), rec.keys.begin() + static_cast<std::ptrdiff_t>(rec.cursor),
                         rec.keys.begin() + static_cast<std::ptrdiff_t>(*pos) + 1);
+          reported = true;
+        }
         rec.cursor = *pos + 1;
         found = true;
       }
@@ -45,7 +48,7 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
     if (!found && k.kind != Kind::Patches) rec.departed = true;
     following |= !rec.departed;
   }
-  if (moved != nullptr) moved->push_back(k);  // its first use in this prompt may be new
+  if (moved != nullptr && !reported) moved->push_back(k);  // its first use in this prompt may be new
   if (active() != was_active) generation_++;
   if (!following) {
     departed_ = true;
@@ -114,17 +117,23 @@ uint64_t TraceRecorder::next_use(const TraceKey& k) const {
 
 TraceKey trace_key(const Pin& p) { return {p.model, is_patch(p.subset) ? Kind::Patches : Kind::Weights, p.key}; }
 
+Model::TraceIndexKey trace_index_key(const Pin& p) { return {p.trace_cls, p.trace_value, p.bytes, p.created}; }
+
+Model::TraceIndexKey rank_pin(Pin& p, const TraceRecorder& trace) {
+  const TraceRecorder::Rank r = trace.rank(trace_key(p));
+  p.trace_cls = r.cls;
+  p.trace_value = r.value;
+  p.trace_indexed = true;
+  return trace_index_key(p);
+}
+
 void trace_index(Model& m, Pin* p, const TraceRecorder& trace) {
-  const TraceRecorder::Rank r = trace.rank(trace_key(*p));
-  p->trace_cls = r.cls;
-  p->trace_value = r.value;
-  p->trace_indexed = true;
-  m.by_trace[static_cast<int>(p->subset)].emplace(Model::TraceIndexKey{r.cls, r.value, p->bytes, p->created}, p);
+  m.by_trace[static_cast<int>(p->subset)].emplace(rank_pin(*p, trace), p);
 }
 
 void trace_unindex(Model& m, Pin* p) {
   if (!p->trace_indexed) return;
-  m.by_trace[static_cast<int>(p->subset)].erase({p->trace_cls, p->trace_value, p->bytes, p->created});
+  m.by_trace[static_cast<int>(p->subset)].erase(trace_index_key(*p));
   p->trace_indexed = false;
 }
 

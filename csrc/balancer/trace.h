@@ -121,8 +121,12 @@ class TraceRecorder {
 
 // The access a pin serves, as the records keep it.
 TraceKey trace_key(const Pin& p);
-// Note [Trace index]: p into its model's by_trace at its rank under `trace`
-// (which must be following), and out of it.
+// Note [Trace index]: p's entry in Model::by_trace, from the rank it holds;
+// p ranked under `trace` (which must be following), its entry returned, and p
+// marked as listed (the caller lists it).
+Model::TraceIndexKey trace_index_key(const Pin& p);
+Model::TraceIndexKey rank_pin(Pin& p, const TraceRecorder& trace);
+// p into its model's by_trace at its rank under `trace`, and out of it.
 void trace_index(Model& m, Pin* p, const TraceRecorder& trace);
 void trace_unindex(Model& m, Pin* p);
 
