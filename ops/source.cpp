@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "csrc/base/nvtx.h"
 #include "csrc/files/mapped.h"
 #include "ops/allocator/torch_allocator.h"
 #include "ops/common.h"
@@ -154,6 +155,7 @@ void fill_in_chunks(const at::Tensor& pin, const at::Tensor& source, const at::T
 
 at::Tensor fill_and_copy(const at::Tensor& pin, const at::Tensor& source, c10::Device device,
                          std::optional<c10::ScalarType> dtype, bool non_blocking) {
+  PINS_RANGE("pins::fill");
   if (!chunked_fill(source, device)) {
     fill_pin(pin, source);
     return plain_copy(pin, device, dtype, non_blocking);
@@ -170,18 +172,14 @@ at::Tensor fill_and_copy(const at::Tensor& pin, const at::Tensor& source, c10::D
 }
 
 void fill_and_copy_into(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& out, bool non_blocking) {
-  if (out.scalar_type() == source.scalar_type() && out.is_contiguous() && chunked_fill(source, out.device())) {
+  PINS_RANGE("pins::fill");
+  // On a device `out` has the source's dtype (the caller's precondition).
+  if (out.is_contiguous() && chunked_fill(source, out.device())) {
     fill_in_chunks(pin, source, out, non_blocking, kChunkBytes);
     return;
   }
-  if (out.scalar_type() == source.scalar_type() || out.device().is_cpu()) {
-    fill_pin(pin, source);
-    out.copy_(pin, non_blocking);  // one pass; on the CPU the copy converts as it goes
-    return;
-  }
-  // The transfer in the source's dtype (in chunks where it may), then the
-  // conversion on the device, as cast_to_device.
-  out.copy_(fill_and_copy(pin, source, out.device(), std::nullopt, non_blocking));
+  fill_pin(pin, source);
+  out.copy_(pin, non_blocking);
 }
 
 void fence(const Lease& lease, c10::Device device, bool non_blocking) {

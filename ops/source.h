@@ -62,15 +62,15 @@ void fill_pin(const at::Tensor& pin, const at::Tensor& source);
 // converted while still in the cache) a 32 MiB fp16 -> bf16 miss took
 // 1.24-1.31x a plain .to() against 1.14-1.21x whole (docs/PERFORMANCE.md, "a
 // miss"): torch's copy_ spreads a whole tensor over its threads and sets up
-// once. The result and the pin hold the same
-// bytes as a whole fill and a plain_copy() from the pin would give.
+// once. The result and the pin hold the same bytes as a whole fill and a
+// plain_copy() from the pin would give. Both run under the "pins::fill" range.
 //
 // `source` into `pin` (a pin_view of a new lease), and the result as
 // plain_copy(pin, device, dtype, non_blocking) would return it.
 at::Tensor fill_and_copy(const at::Tensor& pin, const at::Tensor& source, c10::Device device,
                          std::optional<c10::ScalarType> dtype, bool non_blocking);
-// The same into `out` (on the device, the source's shape, the dtype wanted), as
-// the out= overload copies from a pin.
+// The same into `out` (the source's shape; on a device the source's dtype, on
+// the CPU any: the copy converts), as the out= overload copies from a pin.
 void fill_and_copy_into(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& out, bool non_blocking);
 // The chunks themselves: contiguous `source` into `pin` and on into `staged`
 // (contiguous, the source's shape and dtype; the CPU too, for tests), chunks of

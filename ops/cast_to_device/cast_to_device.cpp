@@ -95,14 +95,11 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
   at::NoGradGuard no_grad;
   PINS_RANGE("pins::cast_to_device");
   Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
-  at::Tensor out;
-  if (fills(lease)) {
-    PINS_RANGE("pins::fill");
-    out = fill_and_copy(pin_view(lease, 0, source), source, device, dtype, non_blocking);
-    lease.filled();
-  } else {
-    out = plain_copy(lease ? pin_view(lease, 0, source) : source, device, dtype, non_blocking);
-  }
+  const bool fill = fills(lease);
+  const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
+  at::Tensor out = fill ? fill_and_copy(from, source, device, dtype, non_blocking)
+                        : plain_copy(from, device, dtype, non_blocking);
+  if (fill) lease.filled();
   if (lease) fence(lease, out.device(), non_blocking);
   return out;
 }
@@ -132,20 +129,21 @@ at::Tensor& cast_to_device_out_kernel(const at::Tensor& source, c10::Device devi
   at::NoGradGuard no_grad;
   PINS_RANGE("pins::cast_to_device.out");
   Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
-  if (fills(lease)) {
-    PINS_RANGE("pins::fill");
-    fill_and_copy_into(pin_view(lease, 0, source), source, out, non_blocking);
-    lease.filled();
-    fence(lease, out.device(), non_blocking);
-    return out;
-  }
+  const bool fill = fills(lease);
   const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
   if (from.scalar_type() == out.scalar_type() || out.device().is_cpu()) {
-    out.copy_(from, non_blocking);  // one pass; on the CPU the copy converts as it goes
+    // One pass; on the CPU the copy converts as it goes.
+    if (fill) {
+      fill_and_copy_into(from, source, out, non_blocking);
+    } else {
+      out.copy_(from, non_blocking);
+    }
   } else {
     // As cast_to_device: the copy in the source's dtype, then the conversion on the device.
-    out.copy_(plain_copy(from, out.device(), std::nullopt, non_blocking));
+    out.copy_(fill ? fill_and_copy(from, source, out.device(), std::nullopt, non_blocking)
+                   : plain_copy(from, out.device(), std::nullopt, non_blocking));
   }
+  if (fill) lease.filled();
   if (lease) fence(lease, out.device(), non_blocking);
   return out;
 }
