@@ -203,6 +203,15 @@ def test_the_wrapper_raises_what_it_raised_before(pins, fast, model):
             call()
 
 
+def assert_seen_by_watcher(fast, call, seen, w, path):
+    """call() takes `path` ("fast" or "forwarded"), the watcher that filled
+    `seen` saw the op, and the result is w's values."""
+    out, paths = paths_of(fast, call)
+    assert paths == {"fast": int(path == "fast"), "forwarded": int(path == "forwarded")}
+    assert OP in seen, seen
+    assert torch.equal(out, w)
+
+
 def test_a_torch_function_mode_sees_the_call(pins, fast, model):
     from torch.overrides import TorchFunctionMode
 
@@ -215,10 +224,7 @@ def test_a_torch_function_mode_sees_the_call(pins, fast, model):
 
     w = torch.randn(8)
     with Watch():
-        out, paths = paths_of(fast, lambda: pins.cast_to_device(w, "cpu", model=model))
-    assert paths == {"fast": 0, "forwarded": 1}
-    assert OP in seen, seen
-    assert torch.equal(out, w)
+        assert_seen_by_watcher(fast, lambda: pins.cast_to_device(w, "cpu", model=model), seen, w, "forwarded")
 
 
 def test_a_subclass_with_torch_function_sees_the_call(pins, fast, model):
@@ -231,10 +237,8 @@ def test_a_subclass_with_torch_function_sees_the_call(pins, fast, model):
             return super().__torch_function__(func, types, args, kwargs or {})
 
     w = torch.randn(8)
-    out, paths = paths_of(fast, lambda: pins.cast_to_device(w.as_subclass(Watched), "cpu", model=model))
-    assert paths == {"fast": 0, "forwarded": 1}
-    assert OP in seen, seen
-    assert torch.equal(out, w)
+    assert_seen_by_watcher(fast, lambda: pins.cast_to_device(w.as_subclass(Watched), "cpu", model=model), seen, w,
+                           "forwarded")
 
 
 def test_a_torch_dispatch_mode_sees_the_fast_call(pins, fast, model):
@@ -250,10 +254,7 @@ def test_a_torch_dispatch_mode_sees_the_fast_call(pins, fast, model):
 
     w = torch.randn(8)
     with Watch():
-        out, paths = paths_of(fast, lambda: pins.cast_to_device(w, "cpu", model=model))
-    assert paths == {"fast": 1, "forwarded": 0}
-    assert OP in seen, seen
-    assert torch.equal(out, w)
+        assert_seen_by_watcher(fast, lambda: pins.cast_to_device(w, "cpu", model=model), seen, w, "fast")
 
 
 def another_thread_runs_during(call):
