@@ -1,4 +1,4 @@
-// libFuzzer target: parse_config (csrc/runtime/config.h) on any text.
+// libFuzzer target: parse_config (csrc/config/config.h) on any text.
 // Properties beyond "no crash":
 //  - the only exception is pins::ValueError;
 //  - an accepted configuration lies within Note [Configuration bounds];
@@ -15,7 +15,7 @@
 #include "csrc/base/check.h"
 #include "csrc/pool/backend.h"
 #include "csrc/pool/pool.h"
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 #include "fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

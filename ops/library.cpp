@@ -1,4 +1,4 @@
-// The one TORCH_LIBRARY of pins. Each op defines itself from its own folder with
+// The one TORCH_LIBRARY of pins. Each op defines itself from its own file with
 // TORCH_LIBRARY_FRAGMENT(pins, m) beside its kernel and its C++ entry point
 // (declared in include/pins/ops/<op>.h, gathered by include/pins/ops.h), so
 // adding an op touches no shared file.

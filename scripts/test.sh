@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test: GoogleTest through ctest, then pytest, then a short fuzz run;
-# ends with one summary line.
+# Runs every test: the include-graph check, GoogleTest through ctest, pytest, then
+# a short fuzz run; ends with one summary line.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 mkdir -p build/test-results
 rm -f build/test-results/*.xml
+# The folder graph of the C++ sources: no cycle, no torch header in the core
+# (docs/DESIGN.md, "Layers"); tests/python/test_layers.py counts it in the summary.
+python3 scripts/check_layers.py
+layers_rc=$?
 (cd build && ctest --output-on-failure --output-junit test-results/ctest.xml -j2) 
 ctest_rc=$?
 .venv/bin/python -m pytest -q tests/python --junitxml=build/test-results/pytest.xml
@@ -17,4 +21,4 @@ fuzz_rc=$?
 .venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
   build/test-results/fuzz.xml
 sum_rc=$?
-[ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] && [ $sum_rc -eq 0 ]
+[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] && [ $sum_rc -eq 0 ]

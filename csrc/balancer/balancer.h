@@ -58,7 +58,7 @@
 #include "csrc/balancer/trace.h"
 #include "csrc/base/thread_safety.h"
 #include "csrc/pool/pool.h"
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 #include "csrc/system/sysmem.h"
 
 namespace pins {

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 
 namespace pins {
 

@@ -38,7 +38,7 @@
 #include "csrc/balancer/registry.h"
 #include "csrc/balancer/reuse.h"
 #include "csrc/balancer/trace.h"
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 
 namespace pins {
 

@@ -82,7 +82,7 @@ class SourceGuard {
 enum class PinState { Filling, Live, Evicting };
 
 // Why a cast for a registered model was served straight from its source, not
-// through a pin (Note [Cast path] in ops/cast_to_device/cast_to_device.cpp).
+// through a pin (Note [Cast path] in ops/cast_to_device.cpp).
 enum class Bypass : int {
   Empty = 0,      // the source has no bytes
   Refused = 1,    // the budget refused a new pin (DESIGN.md "Budget")

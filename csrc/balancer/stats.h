@@ -1,6 +1,6 @@
 // The balancer's counters as one plain struct: Balancer::stats() fills it, the
 // simulator and the tests read its fields, and only the torch op pins::stats
-// (ops/stats/stats.cpp) names them as strings. Levels say so; the rest are COUNTs
+// (ops/stats.cpp) names them as strings. Levels say so; the rest are COUNTs
 // or SUMs since the balancer was built.
 #pragma once
 

@@ -1,5 +1,5 @@
 // What the host pool is built from: the backend kind and the layout sizes. The
-// pool knows nothing of PINS_CONF; csrc/runtime/config.h builds these from the
+// pool knows nothing of PINS_CONF; csrc/config/config.h builds these from the
 // configuration in one place (pool_options()).
 #pragma once
 

@@ -39,7 +39,7 @@
 #include "csrc/balancer/balancer.h"
 #include "csrc/base/thread_safety.h"
 #include "csrc/pool/pool.h"
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 #include "csrc/system/monitor.h"
 #include "csrc/system/sysmem.h"
 

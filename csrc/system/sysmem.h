@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 
 namespace pins {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "csrc/pool/pool.h"
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 #include "profiling/data/model_params.h"
 
 namespace pins::bench {

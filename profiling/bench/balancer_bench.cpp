@@ -39,7 +39,7 @@
 
 #include "csrc/balancer/balancer.h"
 #include "csrc/pool/pool.h"
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 #include "csrc/system/sysmem.h"
 #include "profiling/bench/args.h"
 #include "profiling/bench/timing.h"

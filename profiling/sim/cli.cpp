@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "csrc/base/check.h"
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 #include "profiling/sim/report.h"
 #include "profiling/sim/suite.h"
 

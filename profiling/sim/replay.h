@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 #include "profiling/sim/expand.h"
 #include "profiling/sim/trace.h"
 

@@ -73,7 +73,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"torch-pins {pins.__version__}")
     print(f"library    {path} (built against torch {_library.built_against(path) or 'unknown'})")
     print(f"torch      {torch.__version__}")
-    print(f"PINS_CONF  {conf if conf else '(unset: the defaults of csrc/runtime/config.h)'}")
+    print(f"PINS_CONF  {conf if conf else '(unset: the defaults of csrc/config/config.h)'}")
     print(f"backend    {','.join(backend) or 'unknown'}")
     print()
     print(s)

@@ -46,7 +46,7 @@ DEFAULT_POLICIES = ("none", "lru", "mru", "trace")  # reuse on request (--policy
 # whose machine is the full-size WAN trace's divided by 24. Used with that trace
 # unless --conf says otherwise; another trace gets the library's defaults.
 DEFAULT_TRACE_CONF = "pin_reserve:85MiB,pin_slack:11MiB,relieve_slack:21MiB"
-DEFAULT_PIN_RESERVE = 2 << 30  # csrc/runtime/config.h
+DEFAULT_PIN_RESERVE = 2 << 30  # csrc/config/config.h
 # Keys a model entry of a trace uses for its size; --files replaces them with "layers".
 _SIZE_KEYS = ("params", "group", "max_layer_bytes", "bytes_per_param", "layers", "bytes", "layer_count")
 USAGE_ERROR = 2

@@ -119,7 +119,7 @@ struct Source {
   at::Tensor t;
   at::Tensor arena;  // defined for a view
   bool inference = false;
-  uint64_t storage = 0, offset = 0, span = 0;  // the bytes it reaches, as ops/source.cpp computes them
+  uint64_t storage = 0, offset = 0, span = 0;  // the bytes it reaches, as ops/cast_path.cpp computes them
 };
 
 struct Model {

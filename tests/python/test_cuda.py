@@ -75,7 +75,7 @@ def test_out_on_the_device_with_non_blocking(pins, model):
         pins.cast_to_device(w, "cuda", model=model, out=torch.empty(2048, 129))
 
 
-# Note [Chunked fill] (ops/source.h): a miss to the device of a source of
+# Note [Chunked fill] (ops/cast_path.h): a miss to the device of a source of
 # several 4 MiB chunks fills the pin and transfers it a chunk at a time, the
 # transfers queued while the next chunk fills; the last chunk is partial. The
 # result, and the pin the hit then reads, hold the bytes of a whole fill,

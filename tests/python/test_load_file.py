@@ -1,4 +1,4 @@
-"""pins.load_file (ops/load_file/) and file-backed pins (Note [File-backed pins]
+"""pins.load_file (ops/load_file.cpp) and file-backed pins (Note [File-backed pins]
 in csrc/files/mapped.h): a safetensors file's tensors as its own reader gives
 them, a new pin filled from the file, never from a stale file, and malformed
 files refused with the file and the field named."""

@@ -1,4 +1,4 @@
-// pins::cast_many_to_device (ops/cast_many_to_device/cast_many_to_device.cpp,
+// pins::cast_many_to_device (ops/cast_many_to_device.cpp,
 // Note [Gathered pins]).
 #pragma once
 

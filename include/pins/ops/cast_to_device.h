@@ -1,5 +1,5 @@
 // pins::cast_to_device and pins::cast_to_device.out
-// (ops/cast_to_device/cast_to_device.cpp, Note [Cast path]).
+// (ops/cast_to_device.cpp, Note [Cast path]).
 #pragma once
 
 #include <ATen/core/Tensor.h>

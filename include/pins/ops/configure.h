@@ -1,4 +1,4 @@
-// pins::configure (ops/configure/configure.cpp).
+// pins::configure (ops/configure.cpp).
 #pragma once
 
 #include <c10/util/string_view.h>

@@ -1,4 +1,4 @@
-// pins::free_pins (ops/free_pins/free_pins.cpp).
+// pins::free_pins (ops/free_pins.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// pins::invalidate, pins::invalidate_model (ops/invalidate/invalidate.cpp):
+// pins::invalidate, pins::invalidate_model (ops/invalidate.cpp):
 // writes the version counter cannot see (Note [Pin validity]).
 #pragma once
 

@@ -1,4 +1,4 @@
-// pins::load_file (ops/load_file/load_file.cpp): a safetensors file's tensors,
+// pins::load_file (ops/load_file.cpp): a safetensors file's tensors,
 // backed by a mapping of the file that pins knows (Note [File-backed pins]).
 #pragma once
 

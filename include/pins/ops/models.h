@@ -1,5 +1,5 @@
 // pins::register_model, pins::forget_model, pins::set_active
-// (ops/models/models.cpp). An id that names no registered model is a
+// (ops/models.cpp). An id that names no registered model is a
 // c10::ValueError naming it.
 #pragma once
 

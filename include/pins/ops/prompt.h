@@ -1,4 +1,4 @@
-// pins::mark_prompt, pins::end_prompt, pins::end_node (ops/prompt/prompt.cpp):
+// pins::mark_prompt, pins::end_prompt, pins::end_node (ops/prompt.cpp):
 // the prompt and node boundaries.
 #pragma once
 

@@ -1,4 +1,4 @@
-// pins::stats, pins::summary (ops/stats/stats.cpp).
+// pins::stats, pins::summary (ops/stats.cpp).
 #pragma once
 
 #include <ATen/core/Dict.h>

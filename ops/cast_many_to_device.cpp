@@ -37,7 +37,7 @@
 
 #include "csrc/base/nvtx.h"
 #include "ops/common.h"
-#include "ops/source.h"
+#include "ops/cast_path.h"
 
 namespace pins::ops {
 namespace {

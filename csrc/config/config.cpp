@@ -1,4 +1,4 @@
-#include "csrc/runtime/config.h"
+#include "csrc/config/config.h"
 
 #include <cctype>
 #include <charconv>

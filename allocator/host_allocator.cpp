@@ -1,4 +1,4 @@
-#include "ops/allocator/torch_allocator.h"
+#include "allocator/host_allocator.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>

@@ -1,8 +1,8 @@
-// Note [Chunked fill] (ops/source.h): the chunk loop of a miss to a device,
+// Note [Chunked fill] (ops/cast_path.h): the chunk loop of a miss to a device,
 // run here into a CPU tensor (a device's transfers are the same copy_, queued
 // without waiting): every chunk size, whole elements only, the partial last
 // chunk, the pin and the staged result both hold the source's bytes.
-#include "ops/source.h"
+#include "ops/cast_path.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

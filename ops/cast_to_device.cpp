@@ -20,7 +20,7 @@
 // if any, gives the values `source.to(device).to(dtype)` would: to the CPU in
 // the same pass as the copy (the result allocated in the target dtype), to
 // another device on the device after the transfer (plain_copy in
-// ops/source.h). The out= overload writes that same result into the caller's
+// ops/cast_path.h). The out= overload writes that same result into the caller's
 // tensor, on the current stream: one copy from the pin when no conversion is
 // needed or the device is the CPU, else the copy and then the conversion into
 // `out`.
@@ -47,7 +47,7 @@
 
 #include "csrc/base/nvtx.h"
 #include "ops/common.h"
-#include "ops/source.h"
+#include "ops/cast_path.h"
 
 namespace pins::ops {
 namespace {
@@ -70,7 +70,7 @@ Lease acquire_pin(Balancer& bal, const at::Tensor& source, int64_t model, Kind k
 }
 
 // Whether the cast fills a new pin: then the fill and the copy go together
-// (Note [Chunked fill] in ops/source.h).
+// (Note [Chunked fill] in ops/cast_path.h).
 bool fills(const Lease& lease) { return lease && lease.needs_fill(); }
 
 // The lease of a cast with a model, or an empty one after counting a plain copy.

@@ -9,7 +9,7 @@
 #include <type_traits>
 
 #include "ops/common.h"
-#include "ops/source.h"
+#include "ops/cast_path.h"
 
 namespace pins::ops {
 namespace {

@@ -1,4 +1,4 @@
-#include "ops/source.h"
+#include "ops/cast_path.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -8,7 +8,7 @@
 
 #include "csrc/base/nvtx.h"
 #include "csrc/files/mapped.h"
-#include "ops/allocator/torch_allocator.h"
+#include "allocator/host_allocator.h"
 #include "ops/common.h"
 
 namespace pins::ops {
