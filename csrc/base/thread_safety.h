@@ -5,7 +5,7 @@
 // pins has three levels of locks, always taken in this order and never the
 // reverse:
 //   1. Runtime::mu_   (csrc/runtime/runtime.h)   the configuration and the monitor
-//   2. Balancer::mu_  (csrc/balancer/balancer.h) the registry, pins and counters
+//   2. Balancer::mu_  (csrc/balancer/balancer.h) the pin table and the configuration
 //   3. HostPool::mu_  (csrc/pool/pool.h)         segments, extents and blocks
 // A lower level may be taken while a higher one is held, for short
 // non-blocking work only. No thread is joined, no driver call, fence query,
@@ -16,10 +16,10 @@
 // (csrc/system/monitor.h) only serializes the join of the monitor's thread; it
 // is never taken with one of the three held, nor one of them under it, and the
 // monitor's thread (which takes levels 2 and 3 in Balancer::relieve) never
-// takes it. Another leaf: Balancer::probe_mu_ (Note [Memory readings] in
-// csrc/balancer/balancer.cpp) guards the last memory reading; nothing else is
-// taken while it is held (it may be taken under Balancer::mu_: the fork
-// handlers do).
+// takes it. Another leaf: BudgetGate::mu_ (csrc/balancer/budget_gate.h) guards
+// the last memory reading and the reservations of pins being made (Note [Memory
+// readings], Note [Budget reservation]); nothing else is taken while it is held
+// (it may be taken under Balancer::mu_: the cast path and the fork handlers do).
 #pragma once
 
 #include <mutex>

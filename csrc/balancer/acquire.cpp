@@ -1,0 +1,134 @@
+// The balancer's cast path (DESIGN.md "Choosing and creating a pin"): lookup()
+// finds a pin that serves the cast, admit() makes room for a new one and
+// allocates its block, create() links it and leases it for its fill. Only
+// lookup() and create() take the balancer's lock; admit() runs outside it
+// (Note [Balancer locking]).
+#include <utility>
+
+#include "csrc/balancer/balancer.h"
+
+namespace pins {
+
+Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<SourceGuard>()>& make_guard) {
+  std::vector<void*> stale;
+  Lookup found = lookup(r, stale);
+  free_blocks(stale);  // stale pins dropped by either lookup, dead ones by the reclaim step
+  if (found.served) return std::move(found.lease);
+  void* block = admit(r, found.target, found.settled_at_read);
+  if (block == nullptr) return {};
+  return create(r, found.target, found.reuse_gap, block, make_guard ? make_guard() : nullptr);
+}
+
+Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale) {
+  Lookup out;
+  MutexLock g(mu_);
+  Model& m = table_.model(r.model, r.op);
+  if (r.bytes == 0) {
+    table_.bypass(r.model, Bypass::Empty);
+    out.served = true;  // an empty lease: nothing to pin
+    return out;
+  }
+  table_.reclaim(kReclaimPerCall, stale);  // Note [Dead source reclaim]
+  out.settled_at_read = gate_.settled();
+  out.reuse_gap = table_.record_access(m, r);
+  // DESIGN.md: the streaming subset first, then an existing -loaded pin,
+  // whatever the mode.
+  Pin* p = table_.lookup(m, streaming_subset(r.kind), r, stale);
+  if (p == nullptr) p = table_.lookup(m, cache_subset(r.kind), r, stale);
+  if (p == nullptr) {
+    const bool cache_allowed = !config_.fast_disk && !m.options.fast_disk && config_.policy != PolicyKind::Lru;
+    out.target = target_subset(r.kind, r.resident, r.signature.has_value(), cache_allowed);
+    SubsetStats& st = m.stats[static_cast<int>(out.target)];
+    st.misses++;
+    st.miss_bytes += static_cast<int64_t>(r.bytes);
+    return out;
+  }
+  out.served = true;
+  SubsetStats& st = m.stats[static_cast<int>(p->subset)];
+  if (p->state == PinState::Live && p->block != nullptr && !pool_.begin_copy(p->block)) {
+    // Note [Copies from a block]: its extent's page-lock is being dropped.
+    table_.bypass(r.model, Bypass::Unlocking);
+  } else if (p->state == PinState::Live) {
+    st.hits++;
+    st.hit_bytes += static_cast<int64_t>(p->bytes);
+    p->users++;
+    table_.touch(m, p, out.reuse_gap);
+    out.lease = Lease(this, p, /*hit=*/true, /*fill=*/false);
+    return out;
+  } else {
+    // Still being filled or evicted by another thread: serve from the source.
+    table_.busy_miss(r.model);
+  }
+  st.misses++;
+  st.miss_bytes += static_cast<int64_t>(r.bytes);
+  return out;
+}
+
+void* Balancer::admit(const Request& r, Subset target, uint64_t settled_at_read) {
+  // One reading of system memory serves both checks: freeing changes what is
+  // available, not the total and swap the ceiling depends on.
+  MemoryInfo mi = gate_.memory();
+  void* block = nullptr;
+  const bool budget = ensure_budget(r.bytes, target, mi, settled_at_read);  // reserves r.bytes
+  if (budget) {
+    const bool lock = !pool_.backend().can_lock() || ensure_lock_room(r.bytes, mi);
+    block = pool_.try_allocate(r.bytes, lock);
+    gate_.keep_warm(gate_.memory(), config().headroom);  // what the reuse above left idle
+    gate_.settle(r.bytes, block != nullptr);  // Note [Budget reservation]: the pool accounts for the block now
+  }
+  if (block == nullptr) {
+    MutexLock g(mu_);
+    table_.bypass(r.model, budget ? Bypass::Pool : Bypass::Refused);
+  }
+  return block;
+}
+
+Lease Balancer::create(const Request& r, Subset target, uint64_t reuse_gap, void* block,
+                       std::unique_ptr<SourceGuard> guard) {
+  Lease l;
+  {
+    MutexLock g(mu_);
+    Model* m = table_.find_model(r.model);
+    // Forgotten meanwhile, or another thread pinned the same source: copy from
+    // the source (the block goes back to the pool below, outside mu_).
+    if (m == nullptr) {
+      table_.bypass(r.model, Bypass::Forgotten);
+    } else if (table_.holds(*m, r.kind, r.key)) {
+      table_.bypass(r.model, Bypass::Raced);
+    } else if (!pool_.begin_copy(block)) {
+      // Note [Copies from a block]: the block's extent is losing its page-lock.
+      table_.bypass(r.model, Bypass::Unlocking);
+    } else {
+      l = Lease(this, table_.create(*m, r, target, block, reuse_gap, std::move(guard)), /*hit=*/false,
+                /*fill=*/true);
+    }
+  }
+  if (!l) pool_.free(block);
+  return l;
+}
+
+void Balancer::mark_filled(Pin* p) {
+  MutexLock g(mu_);
+  if (p->state == PinState::Filling) p->state = PinState::Live;
+}
+
+void Balancer::release(Pin* p) {
+  // Note [Copies from a block]: the op recorded its copy's fence before letting
+  // go. The lease still holds p (users), so neither p nor its block is gone.
+  if (p->block != nullptr) pool_.end_copy(p->block);
+  std::vector<void*> blocks;
+  {
+    MutexLock g(mu_);
+    p->users--;
+    if (p->orphaned) {
+      if (p->users == 0) table_.reap_orphan(p, blocks);
+    } else if (p->state == PinState::Filling && p->users == 0) {
+      // Dropped before filled(): the pin holds garbage.
+      table_.stats_of(*p).dropped++;
+      table_.unlink(p, blocks);
+    }
+  }
+  free_blocks(blocks);
+}
+
+}  // namespace pins

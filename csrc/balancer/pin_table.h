@@ -1,0 +1,187 @@
+// The pin table: every registered model and its pins, in the four subsets and
+// in the indexes the eviction order walks, with what the policies record to
+// order them. The balancer (balancer.h) owns one and guards it with its lock;
+// the table itself takes no lock and frees no memory: a pin it drops hands its
+// block to the caller's `to_free`, which the balancer gives back to the pool
+// outside its lock (Note [Balancer locking]).
+//
+// What it keeps, each kept current as pins are linked, used and dropped:
+// - the models by id (registry.h), each pin in its model's subset map and in
+//   the indexes by creation, by use and, for the policies that need them, by
+//   predicted reuse (Note [Reuse policy]) and by trace rank (Note [Trace index]);
+// - the source index, every linked pin by the storage it copies (Note [Source
+//   index]), and the reclaim ring (Note [Dead source reclaim]);
+// - pins unlinked while a lease or an eviction still held them (orphans),
+//   freed when the last holder lets go;
+// - the counters of casts: per model and subset (SubsetStats), and why casts
+//   were served from the source (Bypass), forgotten models included.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "csrc/balancer/eviction.h"
+#include "csrc/balancer/reclaim_ring.h"
+#include "csrc/balancer/registry.h"
+#include "csrc/balancer/reuse.h"
+#include "csrc/balancer/source_index.h"
+#include "csrc/balancer/stats.h"
+#include "csrc/balancer/trace.h"
+#include "csrc/config/config.h"
+
+namespace pins {
+
+// One cast's request for a pin (Note [Pin validity] in registry.h says what must
+// match for a pin to serve it).
+struct Request {
+  ModelId model = -1;
+  PinKey key;                          // the source's, or a gathered pin's own
+  size_t bytes = 0;                    // the pin's size; 0: nothing to pin (Bypass::Empty)
+  Kind kind = Kind::Weights;
+  bool resident = false;               // the copy stays on the device
+  std::optional<int64_t> signature;    // patch set (patches) or content signature (weights)
+  std::optional<uint64_t> version;     // the source's version counter now; none without one
+  uint64_t span = 0;                   // bytes of its storage the source reaches (0: key.nbytes)
+  std::vector<SourcePart> parts;       // a gathered pin: every source in order; empty for one
+  const char* op = "cast_to_device";   // names the caller in the error for a model not registered
+};
+
+class PinTable {
+ public:
+  explicit PinTable(PolicyKind policy);
+  PinTable(const PinTable&) = delete;
+  PinTable& operator=(const PinTable&) = delete;
+
+  // ---- models
+  ModelId add_model(std::string name, std::string load_device, ModelOptions options);
+  // The model `id`; a pins::ValueError naming `what` when it is not registered.
+  Model& model(ModelId id, const char* what);
+  const Model& model(ModelId id, const char* what) const;
+  Model* find_model(ModelId id);
+  bool has_model(ModelId id) const { return models_.count(id) != 0; }
+  Models& models() { return models_; }
+  const Models& models() const { return models_; }
+  // Drops every pin of `id` and the model; its COUNTs and SUMs stay in the totals.
+  void forget_model(ModelId id, std::vector<void*>& to_free);
+  // Active: executing now. Becoming active counts as being loaded again (moves
+  // the model to the front of the load order).
+  void set_active(Model& m, bool active);
+
+  // ---- the policy and what it records (policy_indexes.cpp)
+  PolicyKind policy() const { return policy_; }
+  // Keeps the indexes the new policy walks, and only those.
+  void set_policy(PolicyKind policy);
+  // A cast's access to `r`'s source: recorded for the trace and reuse policies
+  // (re-ranking the pins the access moves), the clock and m's last use moved.
+  // Returns the source's prompt gap under the reuse policy (0 otherwise).
+  uint64_t record_access(Model& m, const Request& r);
+  // The prompt boundary: the trace's record becomes the reference, the reuse
+  // history closes the prompt.
+  void end_prompt();
+  // The simulator's clairvoyant reuse policy (ReuseHistory::set_future).
+  void set_reuse_future(ReuseHistory::Future future) { reuse_.set_future(std::move(future)); }
+  // The eviction order of `reach`, walked until `visit` returns false (Note
+  // [Eviction walk]). `visit` may mark pins, not link or unlink them.
+  void walk(Reach reach, const std::function<bool(const Candidate&)>& visit);
+  // Note [Trace index]: pins the by_trace indexes list at another rank than
+  // the recorder's now, or miss, while they are kept current (none otherwise). O(pins).
+  std::optional<size_t> trace_index_faults() const;
+
+  // ---- pins
+  // The pin of `r`'s source in m's subset `s`, when it serves r (Note [Pin
+  // validity]) or is being evicted (the caller copies from the source); a
+  // stale one is dropped into `to_free` and nullptr returned.
+  Pin* lookup(Model& m, Subset s, const Request& r, std::vector<void*>& to_free);
+  // Whether m holds a pin of (kind, key) in either subset of that kind.
+  bool holds(const Model& m, Kind kind, const PinKey& key) const;
+  // A hit on `p`: its last use is now, its reuse gap `reuse_gap`.
+  void touch(Model& m, Pin* p, uint64_t reuse_gap);
+  // A new pin of `r` in m's subset `target` over `block`, being filled by the
+  // one lease the caller hands out.
+  Pin* create(Model& m, const Request& r, Subset target, void* block, uint64_t reuse_gap,
+              std::unique_ptr<SourceGuard> guard);
+  // Takes `p` out of its model, the indexes and the ring. Nobody holding it:
+  // its block goes to `to_free`; else it is an orphan, freed by reap_orphan()
+  // when its last holder lets go.
+  void unlink(Pin* p, std::vector<void*>& to_free);
+  void reap_orphan(Pin* p, std::vector<void*>& to_free);  // frees a detached pin
+  // Drops (counted as `dropped`, and `invalidated` when asked) the pins of m's
+  // subset s for which `pred` holds; returns their bytes.
+  size_t drop_if(Model& m, Subset s, const std::function<bool(const Pin&)>& pred, std::vector<void*>& to_free,
+                 bool invalidated = false);
+  // Drops (as invalidated) every pin, whatever its state, with a source whose
+  // bytes overlap [begin, end) of `storage`; returns their bytes.
+  size_t drop_overlapping(uint64_t storage, uint64_t begin, uint64_t end, std::vector<void*>& to_free);
+  // Note [Dead source reclaim]: checks the next `checks` slots of the ring and
+  // drops the pins whose source died; returns their bytes.
+  size_t reclaim(size_t checks, std::vector<void*>& to_free);
+  // Every block the table holds, linked or orphaned; the table is empty after.
+  void release_all(std::vector<void*>& to_free);
+  // Every linked pin, each model's oldest first.
+  template <typename F>
+  void for_each_pin(F&& f) const {
+    for (const auto& [id, m] : models_)
+      for (int s = 0; s < kSubsets; ++s)
+        for (const auto& [created, p] : m->by_created[s]) f(*p);
+  }
+
+  // ---- counters
+  SubsetStats& stats_of(const Pin& p) { return models_.at(p.model)->stats[static_cast<int>(p.subset)]; }
+  // A cast of `model` (which may be gone) served from the source, and why.
+  void bypass(ModelId model, Bypass why);
+  // A hit on a pin another thread is filling or evicting.
+  void busy_miss(ModelId model) {
+    busy_misses_++;
+    bypass(model, Bypass::Busy);
+  }
+  // The table's part of BalancerStats: models, subsets, totals, the cast
+  // counters and the policies' levels.
+  void collect(BalancerStats& out) const;
+
+ private:
+  // Links a new pin into its model's subset, the indexes, the source index and the ring.
+  void link(Model& m, std::unique_ptr<Pin> pin);
+  // Note [Reuse policy]: p into its model's by_reuse (after a use), out of it;
+  // every pin in or out (a change of policy).
+  void reuse_index(Model& m, Pin* p);
+  void reuse_unindex(Model& m, Pin* p);
+  void set_reuse_indexes(bool on);
+  // Note [Trace index]: whether the models' by_trace indexes hold every pin at
+  // its rank now; the pins of `keys` ranked again; every pin ranked again (at
+  // the first decision of a generation); the indexes emptied (another policy).
+  bool trace_index_current() const;
+  void retrace(const std::vector<TraceKey>& keys);
+  void rebuild_trace_index();
+  void clear_trace_index();
+
+  Models models_;
+  ModelId next_model_ = 0;
+  uint64_t seq_ = 0;    // load order and pin creation order
+  uint64_t clock_ = 0;  // accesses
+  SourceIndex sources_;  // every linked pin by source storage (Note [Source index])
+  ReclaimRing ring_;     // every linked pin (Note [Dead source reclaim])
+  std::unordered_map<Pin*, std::unique_ptr<Pin>> orphans_;  // detached pins still held
+
+  PolicyKind policy_;
+  TraceRecorder trace_;  // recorded under the trace policy only
+  ReuseHistory reuse_;   // recorded under the reuse policy only (Note [Reuse policy])
+  bool reuse_on_ = false;  // the models' by_reuse indexes are kept
+  // Note [Trace index]: the trace_ generation the by_trace indexes were ranked
+  // at (kNoTraceIndex: none), and the keys an access re-ranks (kept for its capacity).
+  static constexpr uint64_t kNoTraceIndex = ~uint64_t{0};
+  uint64_t trace_generation_ = kNoTraceIndex;
+  std::vector<TraceKey> trace_moved_;
+
+  int64_t refusals_ = 0;                    // COUNT
+  int64_t busy_misses_ = 0;                 // COUNT hits on a pin still filling or being evicted
+  int64_t bypassed_[kBypassReasons] = {};   // COUNT by reason, forgotten models included
+  SubsetStats retired_[kSubsets];           // COUNTs and SUMs of forgotten models (levels 0)
+};
+
+}  // namespace pins

@@ -1,0 +1,124 @@
+// The pin table's policy side: what the trace and reuse policies record of each
+// access, and the indexes of the eviction order they keep current (Note
+// [Eviction walk] in eviction.h, Note [Trace index] in trace.h, Note [Reuse
+// policy] in reuse.h).
+#include <algorithm>
+#include <utility>
+
+#include "csrc/balancer/pin_table.h"
+
+namespace pins {
+
+void PinTable::set_policy(PolicyKind policy) {
+  if (policy != policy_) trace_.depart();  // the cursors did not follow this prompt
+  policy_ = policy;
+  set_reuse_indexes(policy_ == PolicyKind::Reuse);
+  if (policy_ != PolicyKind::Trace) clear_trace_index();
+}
+
+uint64_t PinTable::record_access(Model& m, const Request& r) {
+  if (policy_ == PolicyKind::Trace) {
+    // Note [Trace index]: the pins whose rank this access moves, when the
+    // indexes are kept and the active record stays.
+    const bool indexed = trace_index_current();
+    trace_moved_.clear();
+    trace_.record({r.model, r.kind, r.key}, indexed ? &trace_moved_ : nullptr);
+    if (indexed && trace_index_current()) retrace(trace_moved_);
+  }
+  m.last_use = ++clock_;
+  return policy_ == PolicyKind::Reuse ? reuse_.record({r.model, r.kind, r.key}) : 0;
+}
+
+void PinTable::end_prompt() {
+  trace_.end_prompt();  // Note [Trace policy]: this prompt's record becomes the reference
+  reuse_.end_prompt(clock_);
+}
+
+void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& visit) {
+  // Note [Trace index]: the first decision of a generation ranks every pin again.
+  if (policy_ == PolicyKind::Trace && trace_.following() && !trace_index_current()) rebuild_trace_index();
+  walk_eviction_order(models_, reach, policy_, trace_, visit, {&reuse_, clock_});  // Note [Eviction walk]
+}
+
+// ------------------------------------------------------------------ Note [Reuse policy]
+
+void PinTable::reuse_index(Model& m, Pin* p) {
+  m.by_reuse[static_cast<int>(p->subset)].emplace(ReuseHistory::index_key(*p), p);
+}
+
+void PinTable::reuse_unindex(Model& m, Pin* p) {
+  m.by_reuse[static_cast<int>(p->subset)].erase(ReuseHistory::index_key(*p));
+}
+
+void PinTable::set_reuse_indexes(bool on) {
+  if (on == reuse_on_) return;
+  reuse_on_ = on;
+  for (auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s) {
+      m->by_reuse[s].clear();
+      if (on)
+        for (auto& [key, p] : m->pins[s]) reuse_index(*m, p.get());
+    }
+}
+
+// ------------------------------------------------------------------ Note [Trace index]
+
+bool PinTable::trace_index_current() const {
+  return policy_ == PolicyKind::Trace && trace_.following() && trace_generation_ == trace_.generation();
+}
+
+void PinTable::retrace(const std::vector<TraceKey>& keys) {
+  for (const TraceKey& k : keys) {
+    Model* m = find_model(k.model);
+    if (m == nullptr) continue;
+    for (const Subset s : {streaming_subset(k.kind), cache_subset(k.kind)}) {
+      auto p = m->pins[static_cast<int>(s)].find(k.key);
+      if (p == m->pins[static_cast<int>(s)].end()) continue;
+      trace_unindex(*m, p->second.get());
+      trace_index(*m, p->second.get(), trace_);
+    }
+  }
+}
+
+void PinTable::rebuild_trace_index() {
+  clear_trace_index();
+  // Ranked into a sorted run first: a map built from one, each node placed at
+  // its end, costs no search (O(n log n) for the sort, once per generation).
+  std::vector<std::pair<Model::TraceIndexKey, Pin*>> run;
+  for (auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s) {
+      run.clear();
+      run.reserve(m->pins[s].size());
+      for (auto& [key, p] : m->pins[s]) run.emplace_back(rank_pin(*p, trace_), p.get());
+      std::sort(run.begin(), run.end());
+      for (const auto& [k, p] : run) m->by_trace[s].emplace_hint(m->by_trace[s].end(), k, p);
+    }
+  trace_generation_ = trace_.generation();
+}
+
+void PinTable::clear_trace_index() {
+  if (trace_generation_ == kNoTraceIndex) return;
+  for (auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s) {
+      m->by_trace[s].clear();
+      for (auto& [key, p] : m->pins[s]) p->trace_indexed = false;
+    }
+  trace_generation_ = kNoTraceIndex;
+}
+
+std::optional<size_t> PinTable::trace_index_faults() const {
+  if (!trace_index_current()) return std::nullopt;
+  size_t faults = 0;
+  for (const auto& [id, m] : models_)
+    for (int s = 0; s < kSubsets; ++s) {
+      faults += m->by_trace[s].size() != m->pins[s].size();
+      for (const auto& [key, p] : m->pins[s]) {
+        const TraceRecorder::Rank r = trace_.rank(trace_key(*p));  // afresh, not the rank p holds
+        const auto it = m->by_trace[s].find({r.cls, r.value, p->bytes, p->created});
+        faults += it == m->by_trace[s].end() || it->second != p.get();
+      }
+    }
+  return faults;
+}
+
+}  // namespace pins
