@@ -12,9 +12,13 @@
 #include <thread>
 
 #include "csrc/base/check.h"
+#include "tests/csrc/pool/pool_fixture.h"
 
 namespace pins {
 namespace {
+
+using testing::FakeFence;
+using testing::pool_opts;
 
 // RAM as the balancer sees it: a fixed amount free before pins, minus what the
 // pool has committed.
@@ -35,15 +39,6 @@ class FakeProbe : public MemoryProbe {
   uint64_t total_;
 };
 
-class FakeFence : public Fence {
- public:
-  explicit FakeFence(std::atomic<bool>* flag) : flag_(flag) {}
-  bool done() override { return flag_->load(); }
-
- private:
-  std::atomic<bool>* flag_;
-};
-
 class FlagGuard : public SourceGuard {
  public:
   explicit FlagGuard(std::shared_ptr<std::atomic<bool>> alive) : alive_(std::move(alive)) {}
@@ -54,14 +49,6 @@ class FlagGuard : public SourceGuard {
 };
 
 constexpr uint64_t U = 64 * MiB;  // one pin in these scenarios
-
-PoolOptions pool_opts() {
-  PoolOptions o;
-  o.segment_size = 1 * GiB;
-  o.extent_min = 1 * MiB;
-  o.retain_free = 0;
-  return o;
-}
 
 Config base_config() {
   Config c;
