@@ -953,7 +953,7 @@ TEST(BalancerBypass, APoolRefusalIsItsOwnReason) {
   EXPECT_STREQ(to_string(Bypass::Empty), "empty");
 }
 
-// ------------------------------------------------------------------ issue 12: reliability
+// ------------------------------------------------------------------ reliability (docs/RELIABILITY.md)
 
 // A backend whose unlock() can wait at a gate: the extent stays "being
 // unlocked" (Note [Copies from a block]) as long as the test wants.
@@ -1040,9 +1040,10 @@ TEST(BalancerCopies, ALeaseIsACopyBegunUntilItIsReleased) {
   EXPECT_EQ(f.pool.stats().copies.current, 0);
 }
 
-// The window of issue 12: two pins in one extent, a lease out on one (its copy
-// issued, no fence recorded yet). Dropping page-locks over the ceiling picks the
-// other pin, and unlocking it would drop the whole extent's lock under the copy.
+// The window between a copy's issue and its fence's recording
+// (Note [Copies from a block]): two pins in one extent, a lease out on one.
+// Dropping page-locks over the ceiling picks the other pin, and unlocking it
+// would drop the whole extent's lock under the copy.
 TEST(BalancerCopies, LockDropsSpareAnExtentWithACopyBegunAndNoFence) {
   Config c = base_config();
   c.lock_hysteresis = 0;

@@ -847,9 +847,9 @@ TEST(HostPoolDma, UnlockWaitsForACopyWhoseFenceIsNotRecordedYet) {
   pool.free(b);
 }
 
-// record_fence() queries a block's older fences unlocked. It used to take them
-// off the block for that time, so an unlock() of a neighbour in between saw no
-// fence on the block and unlocked the extent under its copy.
+// record_fence() queries a block's older fences unlocked, and leaves them on the
+// block meanwhile: taken off, they would hide the copy from an unlock() of a
+// neighbour in between, which would unlock the extent under it.
 TEST(HostPoolDma, FencesStayVisibleWhileRecordFenceQueriesThem) {
   Dma dma;
   CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(1 * MiB));
