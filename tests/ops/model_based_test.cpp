@@ -1,6 +1,6 @@
-// A model-based randomized test of the ops (issue 12): a long random sequence
-// of every op, through the C++ entry points (include/pins/ops.h), checked after
-// each step against a reference model the test keeps.
+// A model-based randomized test of the ops (docs/RELIABILITY.md): a long random
+// sequence of every op, through the C++ entry points (include/pins/ops.h),
+// checked after each step against a reference model the test keeps.
 //
 // What is checked:
 // - every cast's result (cast_to_device, its out= form, cast_many_to_device) is
@@ -67,7 +67,7 @@ constexpr int64_t kCap = 96ll << 20;
 const char* const kSubsets[] = {"weights", "patches", "weights-loaded", "patches-loaded"};
 // Bypass reasons: every `bypassed.<reason>` key of the stats (check_stats reads them).
 std::vector<std::string> g_reasons;
-// Lifetime totals: forgotten models count too, so they never decrease (issue 12).
+// Lifetime totals: forgotten models count too, so they never decrease.
 const char* const kMonotonic[] = {"hits",
                                   "misses",
                                   "hit_bytes",

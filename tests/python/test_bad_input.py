@@ -30,8 +30,8 @@ def test_unknown_kind(pins, model):
 
 
 def test_a_weights_signature_is_a_content_signature_not_an_error(pins, model):
-    # Before the contract of tests/python/test_contract.py, a signature needed
-    # kind='patches'; for weights it now says which content the pin holds.
+    # On weights a signature is a content signature (the contract of
+    # tests/python/test_contract.py): it says which content the pin holds.
     w = torch.randn(4)
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model, signature=5), w)
     assert pins.stats()[f"model.{model}.weights.pins"] == 1

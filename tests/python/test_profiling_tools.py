@@ -3,8 +3,8 @@ contract: the model parameter file is what its generator writes, the simulator's
 oracle equals an independent Belady replay of its own access dump on every
 bundled trace, its JSON report draws a PNG (profiling/sim/plot.py), and both
 executables answer --help on stdout with status 0 and refuse unknown options, and
-each pins-bench benchmark of issue 10 (fill, balancer, cast, lowvram) runs at tiny
-sizes and ends with one RESULT line of the expected figures.
+each pins-bench benchmark (fill, balancer, cast, lowvram) runs at tiny sizes and
+ends with one RESULT line of the expected figures.
 
 The executables: $PINS_SIM and $PINS_BENCH, default build/bin/ of this checkout."""
 import functools
@@ -133,7 +133,7 @@ def test_unknown_options_fail_with_a_message(args, message):
     assert out.stderr.startswith(message), out.stderr
 
 
-# ---------------------------------------------------------------- pins-bench fill, balancer, cast, lowvram (issue 10)
+# ---------------------------------------------------------------- pins-bench fill, balancer, cast, lowvram
 
 @functools.lru_cache(maxsize=None)
 def bench_has(name):
@@ -270,7 +270,7 @@ def test_bench_torch_benchmarks_refuse_bad_options(args, message):
     assert out.stderr.startswith(message), out.stderr
 
 
-# ---------------------------------------------------------------- the cast from Python (issue 10, "one dispatch")
+# ---------------------------------------------------------------- the cast from Python: one dispatch (docs/PERFORMANCE.md)
 
 def test_bench_cast_python_ends_with_per_call_costs():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_cast_python.py"), "--calls", "200",

@@ -1,6 +1,7 @@
-"""Issue 12 (reliability) as seen from Python: pins of dead sources are
-reclaimed with no boundary, free or pressure (Note [Dead source reclaim] in
-csrc/balancer/balancer.h), and lifetime totals never decrease."""
+"""The reliability promises (docs/RELIABILITY.md) as seen from Python: pins of
+dead sources are reclaimed with no boundary, free or pressure
+(Note [Dead source reclaim] in csrc/balancer/balancer.h), and lifetime totals
+never decrease."""
 import torch
 
 RECLAIM_PER_CALL = 8  # Balancer::kReclaimPerCall

@@ -8,18 +8,10 @@ import sys
 import pytest
 import torch
 
+from torchscript_caster import Caster
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build")
-
-
-class Caster(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("w", torch.arange(16 * 8, dtype=torch.float32).reshape(16, 8) / 7)
-
-    def forward(self, x: torch.Tensor, model: int) -> torch.Tensor:
-        w = torch.ops.pins.cast_to_device(self.w, x.device, x.dtype, False, model, "weights", False, None)
-        return x @ w
 
 
 @pytest.fixture(scope="module")

@@ -216,8 +216,8 @@ TEST(SimCli, InvalidTracesNameTheField) {
   EXPECT_NE(bad_sequence.err.find("no sequence \"nope\" (sequences: rerun, twice)"), std::string::npos);
 }
 
-// Every bundled trace loads; a few runs of the seed's case show the cascade and
-// mru's steady state.
+// Every bundled trace loads; a few runs of WAN 2.2 A14B on 32 GB of RAM and 32 GB
+// of VRAM show lru's cascade and mru's steady state.
 TEST(SimCli, BundledTracesSmoke) {
   int traces = 0;
   for (const auto& entry : fs::directory_iterator(PINS_SIM_TRACES_DIR)) {

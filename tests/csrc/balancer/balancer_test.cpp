@@ -12,9 +12,13 @@
 #include <thread>
 
 #include "csrc/base/check.h"
+#include "tests/csrc/pool/pool_fixture.h"
 
 namespace pins {
 namespace {
+
+using testing::FakeFence;
+using testing::pool_opts;
 
 // RAM as the balancer sees it: a fixed amount free before pins, minus what the
 // pool has committed.
@@ -35,15 +39,6 @@ class FakeProbe : public MemoryProbe {
   uint64_t total_;
 };
 
-class FakeFence : public Fence {
- public:
-  explicit FakeFence(std::atomic<bool>* flag) : flag_(flag) {}
-  bool done() override { return flag_->load(); }
-
- private:
-  std::atomic<bool>* flag_;
-};
-
 class FlagGuard : public SourceGuard {
  public:
   explicit FlagGuard(std::shared_ptr<std::atomic<bool>> alive) : alive_(std::move(alive)) {}
@@ -54,14 +49,6 @@ class FlagGuard : public SourceGuard {
 };
 
 constexpr uint64_t U = 64 * MiB;  // one pin in these scenarios
-
-PoolOptions pool_opts() {
-  PoolOptions o;
-  o.segment_size = 1 * GiB;
-  o.extent_min = 1 * MiB;
-  o.retain_free = 0;
-  return o;
-}
 
 Config base_config() {
   Config c;
@@ -966,7 +953,7 @@ TEST(BalancerBypass, APoolRefusalIsItsOwnReason) {
   EXPECT_STREQ(to_string(Bypass::Empty), "empty");
 }
 
-// ------------------------------------------------------------------ issue 12: reliability
+// ------------------------------------------------------------------ reliability (docs/RELIABILITY.md)
 
 // A backend whose unlock() can wait at a gate: the extent stays "being
 // unlocked" (Note [Copies from a block]) as long as the test wants.
@@ -1053,9 +1040,10 @@ TEST(BalancerCopies, ALeaseIsACopyBegunUntilItIsReleased) {
   EXPECT_EQ(f.pool.stats().copies.current, 0);
 }
 
-// The window of issue 12: two pins in one extent, a lease out on one (its copy
-// issued, no fence recorded yet). Dropping page-locks over the ceiling picks the
-// other pin, and unlocking it would drop the whole extent's lock under the copy.
+// The window between a copy's issue and its fence's recording
+// (Note [Copies from a block]): two pins in one extent, a lease out on one.
+// Dropping page-locks over the ceiling picks the other pin, and unlocking it
+// would drop the whole extent's lock under the copy.
 TEST(BalancerCopies, LockDropsSpareAnExtentWithACopyBegunAndNoFence) {
   Config c = base_config();
   c.lock_hysteresis = 0;

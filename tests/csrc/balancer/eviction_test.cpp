@@ -4,40 +4,12 @@
 
 #include <gtest/gtest.h>
 
-#include <utility>
+#include "tests/csrc/balancer/registry_fixture.h"
 
 namespace pins {
 namespace {
 
-struct Registry {
-  Models models;
-  uint64_t seq = 0;
-
-  Model& add(ModelId id, bool in_prompt = false, bool active = false) {
-    auto m = std::make_unique<Model>();
-    m->id = id;
-    m->load_seq = ++seq;
-    m->in_prompt = in_prompt;
-    m->active = active;
-    Model& ref = *m;
-    models.emplace(id, std::move(m));
-    return ref;
-  }
-  Pin* pin(Model& m, uint64_t storage, Subset s, size_t bytes = 1, uint64_t last_use = 0) {
-    auto p = std::make_unique<Pin>();
-    p->key = PinKey{storage, 0, bytes};
-    p->subset = s;
-    p->model = m.id;
-    p->bytes = bytes;
-    p->created = ++seq;
-    p->last_use = last_use;
-    p->state = PinState::Live;
-    Pin* raw = p.get();
-    m.by_created[static_cast<int>(s)].emplace(raw->created, raw);
-    m.pins[static_cast<int>(s)].emplace(raw->key, std::move(p));
-    return raw;
-  }
-};
+using testing::Registry;
 
 std::vector<uint64_t> storages(const std::vector<Candidate>& order) {
   std::vector<uint64_t> out;

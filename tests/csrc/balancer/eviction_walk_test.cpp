@@ -7,43 +7,12 @@
 #include <utility>
 
 #include "csrc/balancer/eviction.h"
+#include "tests/csrc/balancer/registry_fixture.h"
 
 namespace pins {
 namespace {
 
-struct Registry {
-  Models models;
-  uint64_t seq = 0;
-
-  Model& add(ModelId id, bool in_prompt, bool active) {
-    auto m = std::make_unique<Model>();
-    m->id = id;
-    m->load_seq = ++seq;
-    m->in_prompt = in_prompt;
-    m->active = active;
-    Model& ref = *m;
-    models.emplace(id, std::move(m));
-    return ref;
-  }
-  // Indexed as the balancer's link_locked() does.
-  void pin(Model& m, uint64_t storage, Subset s, size_t bytes, uint64_t last_use, uint64_t reuse_gap = 0) {
-    auto p = std::make_unique<Pin>();
-    p->key = PinKey{storage, 0, bytes};
-    p->subset = s;
-    p->model = m.id;
-    p->bytes = bytes;
-    p->created = ++seq;
-    p->last_use = last_use;
-    p->reuse_gap = reuse_gap;
-    p->state = PinState::Live;
-    Pin* raw = p.get();
-    const int i = static_cast<int>(s);
-    m.by_created[i].emplace(raw->created, raw);
-    m.by_use[i].emplace(std::make_pair(raw->last_use, raw->created), raw);
-    m.by_reuse[i].emplace(ReuseHistory::index_key(*raw), raw);
-    m.pins[i].emplace(raw->key, std::move(p));
-  }
-};
+using testing::Registry;
 
 std::vector<std::pair<Pin*, int>> walked(const Registry& r, Reach reach, PolicyKind policy,
                                          const TraceRecorder& trace, const ReuseView& reuse = {}) {

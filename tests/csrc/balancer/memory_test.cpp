@@ -8,9 +8,12 @@
 #include "csrc/balancer/balancer.h"
 #include "csrc/base/size.h"
 #include "csrc/pool/backend.h"
+#include "tests/csrc/pool/pool_fixture.h"
 
 namespace pins {
 namespace {
+
+using testing::pool_opts;
 
 constexpr uint64_t U = 64 * MiB;  // one pin
 
@@ -36,14 +39,6 @@ class CountingProbe : public MemoryProbe {
   HostPool& pool_;
   int64_t max_age_ns_;
 };
-
-PoolOptions pool_opts() {
-  PoolOptions o;
-  o.segment_size = 1 * GiB;
-  o.extent_min = 1 * MiB;
-  o.retain_free = 0;  // whatever stays committed, the balancer's budget kept
-  return o;
-}
 
 Config config() {
   Config c;

@@ -15,9 +15,12 @@
 
 #include "csrc/base/check.h"
 #include "csrc/base/size.h"
+#include "tests/csrc/pool/pool_fixture.h"
 
 namespace pins {
 namespace {
+
+using testing::FakeFence;
 
 PoolOptions opts(size_t extent_min = 1 * MiB, size_t cap = 0, size_t retain = 64 * MiB) {
   PoolOptions o;
@@ -30,15 +33,6 @@ PoolOptions opts(size_t extent_min = 1 * MiB, size_t cap = 0, size_t retain = 64
 }
 
 uintptr_t addr(void* p) { return reinterpret_cast<uintptr_t>(p); }
-
-class FakeFence : public Fence {
- public:
-  explicit FakeFence(std::atomic<bool>* flag) : flag_(flag) {}
-  bool done() override { return flag_->load(); }
-
- private:
-  std::atomic<bool>* flag_;
-};
 
 // A HostPool whose invariants (Note [Host pool invariants]) are checked after
 // every call that may change it, whether the call returns or throws. Under
@@ -853,9 +847,9 @@ TEST(HostPoolDma, UnlockWaitsForACopyWhoseFenceIsNotRecordedYet) {
   pool.free(b);
 }
 
-// record_fence() queries a block's older fences unlocked. It used to take them
-// off the block for that time, so an unlock() of a neighbour in between saw no
-// fence on the block and unlocked the extent under its copy.
+// record_fence() queries a block's older fences unlocked, and leaves them on the
+// block meanwhile: taken off, they would hide the copy from an unlock() of a
+// neighbour in between, which would unlock the extent under it.
 TEST(HostPoolDma, FencesStayVisibleWhileRecordFenceQueriesThem) {
   Dma dma;
   CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(1 * MiB));
