@@ -1,6 +1,6 @@
 """The reliability promises (docs/RELIABILITY.md) as seen from Python: pins of
 dead sources are reclaimed with no boundary, free or pressure
-(Note [Dead source reclaim] in csrc/balancer/balancer.h), and lifetime totals
+(Note [Dead source reclaim] in csrc/balancer/reclaim_ring.h), and lifetime totals
 never decrease."""
 import torch
 

@@ -1,4 +1,4 @@
-// Note [Memory readings] and Note [Warm idle memory] (csrc/balancer/balancer.cpp):
+// Note [Memory readings] and Note [Warm idle memory] (csrc/balancer/budget_gate.h):
 // how often the balancer reads system memory, and what it keeps committed after
 // an eviction.
 #include <gtest/gtest.h>

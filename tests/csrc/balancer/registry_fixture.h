@@ -1,7 +1,8 @@
 // A registry of models and their pins built by hand, with no balancer: for the
 // tests of the eviction order and of its walk, which read nothing else. Each
-// pin goes into its model's indexes as the balancer's link_locked() puts it
-// there (by_trace excepted: its ranks depend on a trace, so a test fills it).
+// pin goes into its model's indexes as PinTable::link (csrc/balancer/
+// pin_table.cpp) puts it there (by_trace excepted: its ranks depend on a
+// trace, so a test fills it).
 #pragma once
 
 #include <cstddef>

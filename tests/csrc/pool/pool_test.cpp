@@ -1077,7 +1077,7 @@ TEST(HostPool, ExtentMinNeverCommitsPastTheCap) {
   pool.free(q);
 }
 
-// Note [Warm idle memory] (csrc/balancer/balancer.cpp): the balancer moves the
+// Note [Warm idle memory] (csrc/balancer/budget_gate.h): the balancer moves the
 // retain limit; a free keeps idle bytes up to it, and a lower limit trims at the
 // next free.
 TEST(HostPool, TheRetainLimitMovesAndIdleBytesAreCounted) {
