@@ -1,4 +1,4 @@
-"""The cast op's cost per call from Python (issue 10, "one dispatch"), against
+"""The cast op's cost per call from Python (docs/PERFORMANCE.md, "cast from Python"), against
 ``x.clone()`` measured in the same run.
 
 For a 4 KiB fp16 source on the CPU device, the mean time per call of:

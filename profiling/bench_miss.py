@@ -1,6 +1,6 @@
 """What a miss costs: a new pin filled from a source in memory and copied on,
-against the plain copy a user makes without pins (issue 10, "one pass for copy
-plus conversion"; Note [Chunked fill] in ops/cast_path.h).
+against the plain copy a user makes without pins (docs/PERFORMANCE.md, "a miss";
+Note [Chunked fill] in ops/cast_path.h).
 
 One layer-sized fp16 source (--mib MiB), cast to --device, interleaved in every
 repetition:

@@ -53,7 +53,7 @@ PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" PYTHONPATH="$PWD/python_bindings" \
 log "pytest rc=$? $(tail -1 "$OUT/pytest.log")"
 step 60 build-gpu/bin/pins-bench alloc > "$OUT/bench-alloc.txt" 2>&1
 log "bench alloc: $(tail -1 "$OUT/bench-alloc.txt")"
-# Issue 10 on a GPU: host-to-device from a pin against a pageable tensor's .to()
+# The hot paths on a GPU: host-to-device from a pin against a pageable tensor's .to()
 # and against a torch pinned tensor's non_blocking copy (a raw pinned
 # cudaMemcpyAsync underneath), then the lowvram loop casting to the device.
 PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" step 60 python3 profiling/bench_h2d.py > "$OUT/bench-h2d.txt" 2>&1

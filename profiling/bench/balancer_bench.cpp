@@ -1,8 +1,8 @@
 // pins-bench balancer: what one eviction decision and one prompt boundary cost
-// as the number of pins grows (issue 10, "balancer"). Bookkeeping only: a
-// Balancer over a HostPool with the null backend and a fake MemoryProbe that
-// reports plenty of RAM, so every pin is created and nothing is evicted unless
-// asked.
+// as the number of pins grows (docs/PERFORMANCE.md, "eviction decisions").
+// Bookkeeping only: a Balancer over a HostPool with the null backend and a fake
+// MemoryProbe that reports plenty of RAM, so every pin is created and nothing is
+// evicted unless asked.
 //
 // For each policy and pin count N: four models, two of them in the prompt;
 // prompt 1 creates N weight pins of 4-256 KiB (round-robin over the models)

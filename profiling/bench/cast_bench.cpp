@@ -1,7 +1,7 @@
 // pins-bench cast: the cost of the pins::cast_to_device op on the CPU device,
 // called as a C++ app calls it (include/pins/ops.h, through the dispatcher),
 // against the plain torch call that moves the same bytes, in the same run
-// (issue 10, "cast").
+// (docs/PERFORMANCE.md, "cast").
 //   hit     a 4 KiB float source served from its pin, against source.clone()
 //   op      the same source with model=-1 (a plain copy inside the op), against clone()
 //   hit_bw  a 512 MiB fp16 source served from its pin, against at::empty + copy_

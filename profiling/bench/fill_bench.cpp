@@ -1,22 +1,22 @@
 // pins-bench fill: how fast a pin is filled, against a memcpy into a warm
-// malloc'd buffer of the same size measured in the same run (issue 10, "fill").
+// malloc'd buffer of the same size measured in the same run (docs/PERFORMANCE.md, "fill").
 //   warm   memcpy into a pool block that is committed and touched already.
 //   fresh  a new pin through the real path: Balancer::acquire() on a HostPool
 //          with the cpu backend and the default configuration, memcpy into it,
 //          filled(), the lease released; then the pin is evicted as the
 //          balancer does under pressure (Balancer::free), so the next new pin
 //          gets fresh pages.
-//          Since issue 10 the evicted pin's memory stays committed within the
-//          budget (Note [Warm idle memory] in csrc/balancer/balancer.cpp), so
-//          this new pin reuses warm pages.
+//          The evicted pin's memory stays committed within the budget (Note
+//          [Warm idle memory] in csrc/balancer/balancer.cpp), so this new pin
+//          reuses warm pages.
 //   cold   the same new pin into pages never touched: its model forgotten and
 //          the pool trimmed to nothing after each, so every pin commits (and
 //          populates) fresh pages on the hot path: the worst case.
 //   warm, N threads   memcpy into the warm pool block in N chunks on N threads
 //          (N = --threads, default 2): what a chunked fill gains here.
 // Ratios are baseline time / pins time: 1.0 is as fast as the warm memcpy.
-// (Before issue 10 this also ran the fresh fill with retain_free:4G, evicted
-// and forgotten: docs/PERFORMANCE.md keeps those figures.)
+// docs/PERFORMANCE.md also keeps the figures of a fresh fill with
+// retain_free:4G, evicted and forgotten, measured on commit d7b4948.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

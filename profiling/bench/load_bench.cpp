@@ -1,5 +1,5 @@
-// pins-bench load: a weight read from its file into a pin (issue 11, "file to
-// pin without a second copy in RAM"), against a raw sequential O_DIRECT read
+// pins-bench load: a weight read from its file into a pin without a second
+// copy in RAM (docs/PERFORMANCE.md, "load"), against a raw sequential O_DIRECT read
 // of the same file measured in the same run.
 //   raw    the whole file, 8 MiB O_DIRECT requests in turn on one thread into
 //          one aligned buffer (dd iflag=direct bs=8M): what the disk gives.

@@ -1,4 +1,5 @@
-// pins-bench lowvram: the loop of issue 10. L layers of M MiB of fp16 weights,
+// pins-bench lowvram: a model streamed layer by layer, as in ComfyUI's lowvram
+// mode (docs/PERFORMANCE.md, "lowvram"). L layers of M MiB of fp16 weights,
 // P passes; each pass casts every layer in order to bf16 on the CPU device,
 // once through pins (a registered model, resident=false, one prompt per pass)
 // and once as plain `w.to(torch::kBFloat16)`, the two interleaved pass by pass.

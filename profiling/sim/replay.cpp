@@ -153,8 +153,9 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
         r.kind = a.kind;
         r.resident = a.resident;
         r.signature = a.signature;
-        // lru is the application before the seed: it pinned streamed weights
-        // only and copied device-resident ones straight from the page cache.
+        // lru models the usual application (Note [Simulator lru]): it pins
+        // streamed weights only and copies device-resident ones straight from
+        // the page cache.
         Lease l = kind == PolicyKind::Lru && a.resident ? Lease() : bal.acquire(r);
         if (l && l.hit()) {
           rr.pin_hits++;

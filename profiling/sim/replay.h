@@ -24,10 +24,11 @@
 // device copy.
 //
 // Note [Simulator lru]
-// lru is the application before the seed: streamed weights (and patches) go
-// through the Balancer with policy lru; device-resident ones never ask for a
-// pin and are copied from the page cache, which is how those applications
-// loaded a model.
+// lru models the usual application, which pins streamed weights and leaves
+// loaded ones to the page cache: streamed weights (and patches) go through the
+// Balancer with policy lru (evict the least recently used pin); device-resident
+// ones never ask for a pin and are copied from the page cache, which is how
+// those applications load a model.
 #pragma once
 
 #include <cstdint>

@@ -104,7 +104,7 @@ struct SuiteFigures {
 };
 std::vector<SuiteFigures> suite_figures(const SuiteResult& r);
 
-// Whether `f` meets the targets: vs_oracle <= 1.10, worst <= 1.25, no
+// Whether `f` meets the suite's targets: vs_oracle <= 1.10, worst <= 1.25, no
 // scenario over mru or lru by more than the allowance, none over the allowance
 // where the oracle reads nothing.
 bool meets_targets(const SuiteFigures& f);
