@@ -1,6 +1,6 @@
-"""The README's examples run: Python blocks execute in a fresh process; the C++
-and CMake blocks are excerpts of examples/cpp_app, which test_torchscript_cpp
-builds and runs."""
+"""The README's and docs/USAGE.md's examples run: Python blocks execute in a fresh
+process; the README's C++ and CMake blocks are excerpts of examples/cpp_app,
+which test_torchscript_cpp builds and runs."""
 import os
 import re
 import subprocess
@@ -10,13 +10,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = open(os.path.join(ROOT, "README.md")).read()
+USAGE = open(os.path.join(ROOT, "docs", "USAGE.md")).read()
 
 
-def blocks(lang):
-    return re.findall(r"```" + lang + r"\n(.*?)```", README, re.S)
+def blocks(lang, text=README):
+    found = re.findall(r"```" + lang + r"\n(.*?)```", text, re.S)
+    # A fence opened twice reads as an empty block, and the example after it is never run.
+    assert all(b.strip() for b in found), f"an empty ```{lang} block (a fence opened twice?)"
+    return found
 
 
-@pytest.mark.parametrize("code", blocks("python"))
+PYTHON = [pytest.param(code, id=f"README-{i}") for i, code in enumerate(blocks("python"))] + \
+         [pytest.param(code, id=f"USAGE-{i}") for i, code in enumerate(blocks("python", USAGE))]
+
+
+@pytest.mark.parametrize("code", PYTHON)
 def test_python_examples_run(code, tmp_path):
     script = tmp_path / "example.py"  # a file: TorchScript reads the source back
     script.write_text(code)
