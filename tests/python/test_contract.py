@@ -1,4 +1,4 @@
-"""The staleness contract (README "Staleness", DESIGN.md "Staleness", Note [Pin
+"""The staleness contract (docs/USAGE.md "Staleness", DESIGN.md "Staleness", Note [Pin
 validity]): what pins sees by itself, what the caller reports with invalidate(),
 invalidate_model() or a signature; node boundaries and per-model options."""
 import gc
@@ -97,7 +97,7 @@ def test_writes_no_version_counter_sees_are_fresh_after_invalidate(pins, model, 
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512))
     rewrite(w, tmp_path)
     assert torch.equal(w, torch.full((512,), 7.0)) and w._version == version, "a write the counter misses"
-    # Not detected by pins (README "Staleness"): the pin still holds the old bytes.
+    # Not detected by pins (docs/USAGE.md "Staleness"): the pin still holds the old bytes.
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512))
     assert pins.invalidate(w) == 512 * 4
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.full((512,), 7.0))
