@@ -111,24 +111,16 @@ std::vector<at::Tensor> cast_many_to_device_kernel(at::TensorList sources, c10::
   }
   const uint64_t total = lay_out(bytes, offsets);
 
-  Balancer& bal = balancer();
-  Lease lease;
-  if (model == -1) {
-    for (size_t i = 0; i < sources.size(); ++i) bal.count_plain_copy();
-  } else {
-    Request r;
-    r.op = "cast_many_to_device";  // acquire() refuses a model that is not registered
-    r.model = model;
-    r.key = group_key(parts, total);
-    r.bytes = total;  // 0 (every source empty): counted as Bypass::Empty
-    r.kind = k;
-    r.resident = resident;
-    r.signature = signature;
-    r.parts = parts;
-    const std::vector<at::Tensor> held(sources.begin(), sources.end());
-    lease = translate([&] { return bal.acquire(r, [&] { return storage_guard(held); }); });
-  }
-
+  Request r;
+  r.op = "cast_many_to_device";
+  r.model = model;
+  r.key = group_key(parts, total);
+  r.bytes = total;  // 0 (every source empty): counted as Bypass::Empty
+  r.kind = k;
+  r.resident = resident;
+  r.signature = signature;
+  r.parts = parts;
+  Lease lease = lease_pin(r, sources);
   // Note [Gathered pins]: the first result keeps the transfer's buffer when it
   // needs no conversion; the others get their own storage on the device.
   const bool keep_first = !dtype || *dtype == sources[0].scalar_type();

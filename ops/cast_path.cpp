@@ -6,60 +6,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "allocator/host_allocator.h"
 #include "csrc/base/nvtx.h"
 #include "csrc/files/mapped.h"
-#include "allocator/host_allocator.h"
 #include "ops/common.h"
 
 namespace pins::ops {
-namespace {
 
-class StorageGuard final : public SourceGuard {
- public:
-  explicit StorageGuard(std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak) : weak_(std::move(weak)) {}
-  bool alive() const override {
-    return std::none_of(weak_.begin(), weak_.end(), [](const auto& w) { return w.expired(); });
-  }
-
- private:
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_;
-};
-
-// Note [Chunked fill]: a chunk is large enough that a transfer's launch is
-// small beside it, small enough that the eight of a 32 MiB layer overlap.
-constexpr int64_t kChunkBytes = int64_t{4} << 20;
-
-// Whether a miss of `source` to `device` goes in chunks: to a device (on the
-// CPU the whole copy, on torch's threads, measured faster), from a source in
-// memory (a mapped file's source is read from the file, whole), contiguous (a
-// strided one is gathered by copy_), of at least two chunks.
-bool chunked_fill(const at::Tensor& source, c10::Device device) {
-  if (device.is_cpu() || !source.is_contiguous()) return false;
-  const int64_t bytes = static_cast<int64_t>(source.nbytes());
-  if (bytes < 2 * kChunkBytes) return false;
-  files::FileRange range;
-  return !files::find_mapped(source.const_data_ptr(), static_cast<uint64_t>(bytes), range);
-}
-
-uint64_t layout_hash(const at::Tensor& t) {
-  if (t.is_contiguous()) return 0;
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
-  for (int64_t s : t.sizes()) mix(s);
-  for (int64_t s : t.strides()) mix(s);
-  return h | 1;  // odd: a gathered pin's key is even (cast_many_to_device.cpp)
-}
-
-// The bytes of its storage `t` reaches from its first element (strides of a
-// CPU strided tensor are never negative).
-uint64_t span_bytes(const at::Tensor& t) {
-  if (t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  return static_cast<uint64_t>(last + 1) * t.element_size();
-}
-
-}  // namespace
+// ------------------------------------------------------------------ 1. validate
 
 void check_source(const at::Tensor& t, const char* op, const std::string& argument) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", argument, " is an undefined tensor");
@@ -80,6 +34,54 @@ Kind check_cast_args(const char* op, int64_t model, c10::string_view kind) {
   return kind == "weights" ? Kind::Weights : Kind::Patches;
 }
 
+// ------------------------------------------------------------------ 2. identify, lease
+
+namespace {
+
+uint64_t layout_hash(const at::Tensor& t) {
+  if (t.is_contiguous()) return 0;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
+  for (int64_t s : t.sizes()) mix(s);
+  for (int64_t s : t.strides()) mix(s);
+  return h | 1;  // odd: a gathered pin's key is even (cast_many_to_device.cpp)
+}
+
+// The bytes of its storage `t` reaches from its first element (strides of a
+// CPU strided tensor are never negative).
+uint64_t span_bytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return static_cast<uint64_t>(last + 1) * t.element_size();
+}
+
+class StorageGuard final : public SourceGuard {
+ public:
+  explicit StorageGuard(std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak) : weak_(std::move(weak)) {}
+  bool alive() const override {
+    return std::none_of(weak_.begin(), weak_.end(), [](const auto& w) { return w.expired(); });
+  }
+
+ private:
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_;
+};
+
+// A weak hold on the storages of a pin's sources: alive while every one is.
+std::unique_ptr<SourceGuard> storage_guard(c10::ArrayRef<at::Tensor> sources) {
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
+  std::vector<const c10::StorageImpl*> seen;
+  for (const at::Tensor& t : sources) {
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+    seen.push_back(impl);
+    weak.push_back(t.storage().getWeakStorageImpl());
+  }
+  return std::make_unique<StorageGuard>(std::move(weak));
+}
+
+}  // namespace
+
 SourcePart source_part(const at::Tensor& t) {
   SourcePart p;
   const uint64_t el = t.element_size();
@@ -91,17 +93,85 @@ SourcePart source_part(const at::Tensor& t) {
   return p;
 }
 
-std::unique_ptr<SourceGuard> storage_guard(const std::vector<at::Tensor>& sources) {
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
-  std::vector<const c10::StorageImpl*> seen;
-  for (const at::Tensor& t : sources) {
-    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-    seen.push_back(impl);
-    weak.push_back(t.storage().getWeakStorageImpl());
-  }
-  return std::make_unique<StorageGuard>(std::move(weak));
+Request source_request(const at::Tensor& source, int64_t model, Kind kind, bool resident,
+                       std::optional<int64_t> signature, const char* op) {
+  const SourcePart part = source_part(source);
+  Request r;
+  r.model = model;
+  r.key = part.key;
+  r.bytes = part.key.nbytes;  // 0: counted as Bypass::Empty
+  r.kind = kind;
+  r.resident = resident;
+  r.signature = signature;
+  r.version = part.version;
+  r.span = part.span;
+  r.op = op;
+  return r;
 }
+
+Lease lease_pin(const Request& r, c10::ArrayRef<at::Tensor> sources) {
+  Balancer& bal = balancer();
+  if (r.model == -1) {
+    for (size_t i = 0; i < sources.size(); ++i) bal.count_plain_copy();
+    return {};
+  }
+  // acquire() refuses a model that is not registered, naming r.op: one lock
+  // round trip for the lookup, the check and the lease.
+  return translate([&] { return bal.acquire(r, [&] { return storage_guard(sources); }); });
+}
+
+// ------------------------------------------------------------------ 3. fill
+
+at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like) {
+  return at::from_blob(static_cast<char*>(lease.data()) + offset, like.sizes(),
+                       like.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+void fill_pin(const at::Tensor& pin, const at::Tensor& source) {
+  if (source.is_contiguous()) {
+    const uint64_t n = source.numel() * source.element_size();
+    if (translate([&] { return files::fill_from_file(source.const_data_ptr(), n, pin.mutable_data_ptr()); })) return;
+  }
+  pin.copy_(source);
+}
+
+namespace {
+
+// Note [Chunked fill]: a chunk is large enough that a transfer's launch is
+// small beside it, small enough that the eight of a 32 MiB layer overlap.
+constexpr int64_t kChunkBytes = int64_t{4} << 20;
+
+// Whether a miss of `source` to `device` goes in chunks: to a device (on the
+// CPU the whole copy, on torch's threads, measured faster), from a source in
+// memory (a mapped file's source is read from the file, whole), contiguous (a
+// strided one is gathered by copy_), of at least two chunks.
+bool chunked_fill(const at::Tensor& source, c10::Device device) {
+  if (device.is_cpu() || !source.is_contiguous()) return false;
+  const int64_t bytes = static_cast<int64_t>(source.nbytes());
+  if (bytes < 2 * kChunkBytes) return false;
+  files::FileRange range;
+  return !files::find_mapped(source.const_data_ptr(), static_cast<uint64_t>(bytes), range);
+}
+
+}  // namespace
+
+void fill_in_chunks(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& staged, bool non_blocking,
+                    int64_t chunk_bytes) {
+  const int64_t n = source.numel(), size = source.element_size();
+  const int64_t step = std::max<int64_t>(1, chunk_bytes / size);
+  const auto* from = static_cast<const char*>(source.const_data_ptr());
+  auto* to = static_cast<char*>(pin.mutable_data_ptr());
+  const at::Tensor flat_pin = pin.view({-1}), flat_staged = staged.view({-1});
+  for (int64_t i = 0; i < n; i += step) {
+    const int64_t len = std::min(step, n - i);
+    std::memcpy(to + i * size, from + i * size, static_cast<size_t>(len * size));
+    flat_staged.narrow(0, i, len).copy_(flat_pin.narrow(0, i, len), /*non_blocking=*/true);
+  }
+  if (!non_blocking && !staged.is_cpu())
+    c10::impl::VirtualGuardImpl(staged.device().type()).getStream(staged.device()).synchronize();
+}
+
+// ------------------------------------------------------------------ 4. transfer
 
 at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
                       bool non_blocking) {
@@ -124,35 +194,10 @@ at::Tensor plain_copy(const at::Tensor& source, c10::Device device, std::optiona
   return out;
 }
 
-at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like) {
-  return at::from_blob(static_cast<char*>(lease.data()) + offset, like.sizes(),
-                       like.options().memory_format(at::MemoryFormat::Contiguous));
-}
+namespace {
 
-void fill_pin(const at::Tensor& pin, const at::Tensor& source) {
-  if (source.is_contiguous()) {
-    const uint64_t n = source.numel() * source.element_size();
-    if (translate([&] { return files::fill_from_file(source.const_data_ptr(), n, pin.mutable_data_ptr()); })) return;
-  }
-  pin.copy_(source);
-}
-
-void fill_in_chunks(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& staged, bool non_blocking,
-                    int64_t chunk_bytes) {
-  const int64_t n = source.numel(), size = source.element_size();
-  const int64_t step = std::max<int64_t>(1, chunk_bytes / size);
-  const auto* from = static_cast<const char*>(source.const_data_ptr());
-  auto* to = static_cast<char*>(pin.mutable_data_ptr());
-  const at::Tensor flat_pin = pin.view({-1}), flat_staged = staged.view({-1});
-  for (int64_t i = 0; i < n; i += step) {
-    const int64_t len = std::min(step, n - i);
-    std::memcpy(to + i * size, from + i * size, static_cast<size_t>(len * size));
-    flat_staged.narrow(0, i, len).copy_(flat_pin.narrow(0, i, len), /*non_blocking=*/true);
-  }
-  if (!non_blocking && !staged.is_cpu())
-    c10::impl::VirtualGuardImpl(staged.device().type()).getStream(staged.device()).synchronize();
-}
-
+// `source` into `pin` (a pin_view of a new lease), and the result as
+// plain_copy(pin, device, dtype, non_blocking) would return it (Note [Chunked fill]).
 at::Tensor fill_and_copy(const at::Tensor& pin, const at::Tensor& source, c10::Device device,
                          std::optional<c10::ScalarType> dtype, bool non_blocking) {
   PINS_RANGE("pins::fill");
@@ -171,6 +216,8 @@ at::Tensor fill_and_copy(const at::Tensor& pin, const at::Tensor& source, c10::D
   return out;
 }
 
+// The same into `out` (the source's shape; on a device the source's dtype, on
+// the CPU any: the copy converts), as the out= overload copies from a pin.
 void fill_and_copy_into(const at::Tensor& pin, const at::Tensor& source, const at::Tensor& out, bool non_blocking) {
   PINS_RANGE("pins::fill");
   // On a device `out` has the source's dtype (the caller's precondition).
@@ -181,6 +228,40 @@ void fill_and_copy_into(const at::Tensor& pin, const at::Tensor& source, const a
   fill_pin(pin, source);
   out.copy_(pin, non_blocking);
 }
+
+}  // namespace
+
+at::Tensor cast_through(Lease& lease, const at::Tensor& source, c10::Device device,
+                        std::optional<c10::ScalarType> dtype, bool non_blocking) {
+  const bool fill = lease && lease.needs_fill();
+  const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
+  at::Tensor out = fill ? fill_and_copy(from, source, device, dtype, non_blocking)
+                        : plain_copy(from, device, dtype, non_blocking);
+  if (fill) lease.filled();
+  if (lease) fence(lease, out.device(), non_blocking);
+  return out;
+}
+
+void cast_through_into(Lease& lease, const at::Tensor& source, const at::Tensor& out, bool non_blocking) {
+  const bool fill = lease && lease.needs_fill();
+  const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
+  if (from.scalar_type() == out.scalar_type() || out.device().is_cpu()) {
+    // One pass; on the CPU the copy converts as it goes.
+    if (fill) {
+      fill_and_copy_into(from, source, out, non_blocking);
+    } else {
+      out.copy_(from, non_blocking);
+    }
+  } else {
+    // As cast_through: the copy in the source's dtype, then the conversion on the device.
+    out.copy_(fill ? fill_and_copy(from, source, out.device(), std::nullopt, non_blocking)
+                   : plain_copy(from, out.device(), std::nullopt, non_blocking));
+  }
+  if (fill) lease.filled();
+  if (lease) fence(lease, out.device(), non_blocking);
+}
+
+// ------------------------------------------------------------------ 5. fence
 
 void fence(const Lease& lease, c10::Device device, bool non_blocking) {
   if (!non_blocking || device.is_cpu()) return;

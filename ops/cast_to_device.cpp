@@ -20,7 +20,7 @@
 // if any, gives the values `source.to(device).to(dtype)` would: to the CPU in
 // the same pass as the copy (the result allocated in the target dtype), to
 // another device on the device after the transfer (plain_copy in
-// ops/cast_path.h). The out= overload writes that same result into the caller's
+// ops/cast_path.h, whose steps this op is). The out= overload writes that same result into the caller's
 // tensor, on the current stream: one copy from the pin when no conversion is
 // needed or the device is the CPU, else the copy and then the conversion into
 // `out`.
@@ -52,40 +52,6 @@
 namespace pins::ops {
 namespace {
 
-// The pin of one source for `model`, or an empty lease (copy from the source).
-Lease acquire_pin(Balancer& bal, const at::Tensor& source, int64_t model, Kind kind, bool resident,
-                  std::optional<int64_t> signature, const char* op) {
-  const SourcePart part = source_part(source);
-  Request r;
-  r.model = model;
-  r.key = part.key;
-  r.bytes = part.key.nbytes;  // 0: counted as Bypass::Empty
-  r.kind = kind;
-  r.resident = resident;
-  r.signature = signature;
-  r.version = part.version;
-  r.span = part.span;
-  r.op = op;
-  return translate([&] { return bal.acquire(r, [&] { return storage_guard({source}); }); });
-}
-
-// Whether the cast fills a new pin: then the fill and the copy go together
-// (Note [Chunked fill] in ops/cast_path.h).
-bool fills(const Lease& lease) { return lease && lease.needs_fill(); }
-
-// The lease of a cast with a model, or an empty one after counting a plain copy.
-Lease lease_for(const at::Tensor& source, int64_t model, Kind kind, bool resident, std::optional<int64_t> signature,
-                const char* op) {
-  Balancer& bal = balancer();
-  if (model == -1) {
-    bal.count_plain_copy();
-    return {};
-  }
-  // acquire() refuses a model that is not registered, naming `op`: one lock
-  // round trip for the lookup, the check and the lease.
-  return acquire_pin(bal, source, model, kind, resident, signature, op);
-}
-
 at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
                                  bool non_blocking, int64_t model, c10::string_view kind, bool resident,
                                  std::optional<int64_t> signature) {
@@ -94,14 +60,8 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
   // Weights are served for inference: no autograd graph through the pin copies.
   at::NoGradGuard no_grad;
   PINS_RANGE("pins::cast_to_device");
-  Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
-  const bool fill = fills(lease);
-  const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
-  at::Tensor out = fill ? fill_and_copy(from, source, device, dtype, non_blocking)
-                        : plain_copy(from, device, dtype, non_blocking);
-  if (fill) lease.filled();
-  if (lease) fence(lease, out.device(), non_blocking);
-  return out;
+  Lease lease = lease_pin(source_request(source, model, k, resident, signature, "cast_to_device"), source);
+  return cast_through(lease, source, device, dtype, non_blocking);
 }
 
 // `device` names `actual`: the same type, and the same index when it has one.
@@ -128,23 +88,8 @@ at::Tensor& cast_to_device_out_kernel(const at::Tensor& source, c10::Device devi
                     out.scalar_type());
   at::NoGradGuard no_grad;
   PINS_RANGE("pins::cast_to_device.out");
-  Lease lease = lease_for(source, model, k, resident, signature, "cast_to_device");
-  const bool fill = fills(lease);
-  const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
-  if (from.scalar_type() == out.scalar_type() || out.device().is_cpu()) {
-    // One pass; on the CPU the copy converts as it goes.
-    if (fill) {
-      fill_and_copy_into(from, source, out, non_blocking);
-    } else {
-      out.copy_(from, non_blocking);
-    }
-  } else {
-    // As cast_to_device: the copy in the source's dtype, then the conversion on the device.
-    out.copy_(fill ? fill_and_copy(from, source, out.device(), std::nullopt, non_blocking)
-                   : plain_copy(from, out.device(), std::nullopt, non_blocking));
-  }
-  if (fill) lease.filled();
-  if (lease) fence(lease, out.device(), non_blocking);
+  Lease lease = lease_pin(source_request(source, model, k, resident, signature, "cast_to_device"), source);
+  cast_through_into(lease, source, out, non_blocking);
   return out;
 }
 
