@@ -2,6 +2,7 @@
 from the wheel, where the simulator is absent)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -75,9 +76,24 @@ def test_simulate_and_demo_name_the_tool_they_cannot_find(tmp_path):
     assert not os.path.exists(os.path.join(tmp_path, "models"))
 
 
-def test_demo_passes_its_arguments_to_torch_pins_demo():
+def test_demo_runs_the_checkouts_demo_with_its_arguments():
     out = cli("demo", "--policy", "fifo")
     assert out.returncode == 2
-    assert "--policy: unknown policy 'fifo'" in out.stderr
+    assert "demo: --policy: unknown policy 'fifo'" in out.stderr
     out = cli("demo", "--", "--help")
     assert out.returncode == 0 and "--ram-budget" in out.stdout
+    assert out.stdout.startswith("usage: profiling/demo/demo.py"), out.stdout
+
+
+def test_demo_outside_a_checkout_says_it_is_part_of_the_source_tree(tmp_path):
+    # The package where a wheel puts it: a directory with no profiling/demo above it.
+    package = os.path.join(ROOT, "python_bindings", "torch_pins")
+    site = tmp_path / "site-packages"
+    shutil.copytree(package, site / "torch_pins", ignore=shutil.ignore_patterns("__pycache__", "_lib"))
+    os.symlink(os.path.join(package, "_lib"), site / "torch_pins" / "_lib")
+    # A bad option: a demo reached by mistake stops at once (exit 2) instead of replaying.
+    out = cli("demo", "--policy", "fifo", "--out", str(tmp_path / "out"), PYTHONPATH=str(site))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"demo not found (looked at {tmp_path / 'profiling' / 'demo' / 'demo.py'})" in out.stderr, out.stderr
+    assert "part of the source tree" in out.stderr and "`make demo` in a clone" in out.stderr, out.stderr
+    assert not os.path.exists(tmp_path / "out")

@@ -1,5 +1,5 @@
-"""One policy's replay of the demo, in a process of its own (``python -m
-torch_pins.demo --replay SPEC.json``): loads the model files, drops them from
+"""One policy's replay of the demo, in a process of its own (``python
+profiling/demo/replay.py SPEC.json``): loads the model files, drops them from
 the page cache, then replays the simulator's accesses run by run through
 ``cast_to_device`` (or plain copies, for the run without pins), measuring each
 run. It prints progress as JSON lines on standard output and writes its result
@@ -51,7 +51,7 @@ import time
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
-from . import _demo_files as files
+import files
 
 MADV_DONTNEED = 4
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -439,3 +439,10 @@ def main(spec_path: str) -> int:
     with open(spec["result"], "w") as f:
         json.dump(out, f, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: replay.py SPEC.json (demo.py writes the spec and runs this)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))

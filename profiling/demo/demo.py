@@ -1,4 +1,4 @@
-"""pins on real files: ``python -m torch_pins.demo`` (what ``make demo`` runs).
+"""pins on real files: ``python profiling/demo/demo.py`` (what ``make demo`` runs).
 
 Replays a workflow trace (the simulator's format, docs/SIMULATOR.md) layer by
 layer through ``cast_to_device`` on real safetensors files, once per policy
@@ -14,27 +14,36 @@ VAE and style LoRAs, 2.7 GB). ``--files NAME=PATH,...`` points trace models at
 your own safetensors files instead: their layers (tensors grouped by block, as
 the simulator groups a parameter list) replace the trace's, in a derived trace
 written beside the report. Note [Demo machine] and Note [Demo page cache]
-(_demo_replay.py) say how a machine larger than the modelled one is made to
-behave like it.
+(replay.py) say how a machine larger than the modelled one is made to behave
+like it.
 
 Output: progress on standard error, a table, ``report.json`` and ``demo.png``
 in ``--out``; the last line is ``RESULT report=<json> plot=<png>``. Exit status
 0 when every replay ran, 2 for a bad option, file or trace (the message names
 it), 1 when a replay failed.
+
+The demo is part of the source tree, not of the torch_pins package: it needs
+the repository's traces and pins-sim, and imports torch_pins (the package
+importable here) only in its replay processes. ``python -m torch_pins demo``
+runs this file of the checkout the package sits in.
 """
 import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import _demo_files as files
+import files
+from replay import read_bytes
 
-_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CHECKOUT = os.path.dirname(os.path.dirname(_HERE))
+REPLAY = os.path.join(_HERE, "replay.py")
 DEFAULT_TRACE = os.path.join("profiling", "traces", "demo_wan22_scaled.json")
 DEFAULT_OUT = os.path.join("build", "demo")
 # How long pins' reading of the demo's meminfo stands (PINS_CONF memory_max_age_us): Note [Demo machine].
@@ -172,13 +181,29 @@ def derive_trace(trace: dict, user_files: Dict[str, str], path: str) -> Dict[str
 
 # --- pins-sim ----------------------------------------------------------------------
 
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
 def find_sim() -> str:
-    from .__main__ import find_tool
-    sim, looked = find_tool("pins-sim", "PINS_SIM")
-    if sim is None:
-        raise DemoError(f"pins-sim not found (looked at {', '.join(looked)}): it is a C++ executable of the source "
-                        "tree; run `make build` in a clone (it lands in build/bin) or set PINS_SIM")
-    return sim
+    """pins-sim where ``python -m torch_pins simulate`` finds it: $PINS_SIM (then
+    nowhere else), this checkout's build/bin, PATH. Not through the package's
+    command line: it runs this file, and importing it back would make a circle."""
+    explicit = os.environ.get("PINS_SIM")
+    if explicit:
+        if _executable(explicit):
+            return explicit
+        looked = [f"$PINS_SIM={explicit}, not an executable file"]
+    else:
+        in_checkout = os.path.join(_CHECKOUT, "build", "bin", "pins-sim")
+        if _executable(in_checkout):
+            return in_checkout
+        on_path = shutil.which("pins-sim")
+        if on_path:
+            return on_path
+        looked = ["$PINS_SIM (unset)", in_checkout, "PATH"]
+    raise DemoError(f"pins-sim not found (looked at {', '.join(looked)}): it is a C++ executable of the source "
+                    "tree; run `make build` (it lands in build/bin) or set PINS_SIM")
 
 
 def run_sim(sim: str, trace: str, args: Sequence[str]) -> dict:
@@ -297,7 +322,6 @@ def ensure_files(models_dir: str, layout: Dict[str, Dict[str, int]], loras: Dict
 def disk_accounting_works(directory: str) -> Tuple[bool, str]:
     """Whether /proc/self/io read_bytes counts a read of a file dropped from the
     page cache here (it does not under some containers and file systems)."""
-    from ._demo_replay import read_bytes
     if read_bytes() is None:
         return False, "/proc/self/io has no read_bytes here"
     os.makedirs(directory, exist_ok=True)
@@ -360,7 +384,7 @@ def replay_policy(policy: str, spec: dict, out_dir: str, progress: Progress, nru
                                               f"headroom:{spec['machine']['headroom']}", conf]))
     with open(spec_path, "w") as f:
         json.dump(spec, f)
-    cmd = [sys.executable, "-m", "torch_pins.demo", "--replay", spec_path]
+    cmd = [sys.executable, REPLAY, spec_path]
     label = f"{policy:>5}"
     err_path = os.path.join(out_dir, f"replay_{policy}.stderr")
     with open(err_path, "w") as err_file:
@@ -492,7 +516,7 @@ def plot(report: dict, path: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m torch_pins.demo",
+        prog="profiling/demo/demo.py",
         description="Replays a workflow trace through pins on real safetensors files, per policy and without pins, "
                     "and compares the measured disk reads with pins-sim's prediction for the same machine. Exit "
                     "status 0 when it ran, 2 for a bad option, file or trace, 1 when a replay failed.")
@@ -520,9 +544,8 @@ def parser() -> argparse.ArgumentParser:
                         "memory emulated in host RAM")
     p.add_argument("--out", default=None, metavar="DIR",
                    help=f"where report.json, demo.png and the replays' files go (default: {DEFAULT_OUT} of the "
-                        "checkout; pins-demo in the current directory outside a clone)")
+                        "checkout)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--replay", default=None, help=argparse.SUPPRESS)  # one policy's process (_demo_replay)
     return p
 
 
@@ -548,14 +571,8 @@ def _conf_value(conf: str, key: str) -> Optional[str]:
 def run(args: argparse.Namespace) -> int:
     progress = Progress()
     default_trace = args.trace is None
-    in_clone = os.path.isfile(os.path.join(_CHECKOUT, DEFAULT_TRACE))
-    if default_trace and not in_clone:
-        raise DemoError(f"demo needs a clone of the repository for its default trace {DEFAULT_TRACE} (this package "
-                        f"is installed in {_CHECKOUT}): run `make demo` in a clone, or pass --trace (and --files) "
-                        "of your own")
     trace_path = os.path.abspath(args.trace or os.path.join(_CHECKOUT, DEFAULT_TRACE))
-    # Outside a clone (an installed wheel) the files go below the current directory, not site-packages.
-    out = os.path.abspath(args.out or (os.path.join(_CHECKOUT, DEFAULT_OUT) if in_clone else "pins-demo"))
+    out = os.path.abspath(args.out or os.path.join(_CHECKOUT, DEFAULT_OUT))
     models_dir = os.path.abspath(args.models_dir or os.path.join(out, "models"))
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     for p in policies:
@@ -721,9 +738,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
-    if args.replay:
-        from . import _demo_replay
-        return _demo_replay.main(args.replay)
     try:
         return run(args)
     except (DemoError, files.FileError) as e:
