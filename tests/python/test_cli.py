@@ -13,13 +13,21 @@ SIM = os.path.join(ROOT, "build", "bin", "pins-sim")
 TRACE = os.path.join(ROOT, "profiling", "traces", "sdxl_refiner_16g_ram_8g_vram.json")
 
 
-def cli(*args, **env):
+def cli(*args, module=True, **env):
     full = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python_bindings"))
     for k in ("PINS_SIM", "PINS_BENCH", "PINS_CONF"):
         full.pop(k, None)
     full.update(env)
-    return subprocess.run([sys.executable, "-m", "torch_pins", *args], capture_output=True, text=True, env=full,
-                          cwd=ROOT)
+    command = ["-m", "torch_pins"] if module else []
+    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, env=full, cwd=ROOT)
+
+
+def test_the_cli_under_test_is_this_checkouts():
+    """Every test here runs `python -m torch_pins` with this checkout's
+    python_bindings on PYTHONPATH; an editable install of another checkout in the
+    venv (a meta path finder, consulted before PYTHONPATH) would run that one's."""
+    out = cli("-c", "import torch_pins.__main__ as m; print(m.__file__)", module=False)
+    assert out.stdout.strip() == os.path.join(ROOT, "python_bindings", "torch_pins", "__main__.py"), out.stdout
 
 
 @pytest.mark.parametrize("args", [["--help"], ["stats", "--help"], ["simulate", "--help"], ["demo", "--help"]])
