@@ -28,8 +28,6 @@ pins-sim does) on whatever machine it runs on, which usually has more RAM:
   MB a second, plays no part, so a run is repeatable.
 - The page cache: Note [Demo page cache].
 
-Note [Demo page cache].
-
 Note [Demo page cache]
 A machine with more RAM than the modelled one keeps every file in its page
 cache, and would read nothing from disk after the first run under any policy.
@@ -220,47 +218,56 @@ def load(path: str, header: "files.Header") -> dict:
     return out
 
 
-def main(spec_path: str) -> int:
-    with open(spec_path) as f:
-        spec = json.load(f)
-    import torch
+def _open(path: str, what: str, loaded: dict) -> Tuple["files.Header", dict, list]:
+    """File `path`'s header, tensors and mappings, loaded on its first use."""
+    if path not in loaded:
+        header = files.read_header(path, what)
+        try:
+            tensors = load(path, header)
+        except Exception as e:  # the loader's own message, with the file named
+            raise files.FileError(f"{files.named(what, path)}: cannot be loaded: {e}") from e
+        loaded[path] = (header, tensors, file_mappings(path))
+    return loaded[path]
 
-    policy = spec["policy"]
-    use_pins = policy != "none"
-    device = torch.device(spec["device"])
-    mach = spec["machine"]
-    t_setup = time.perf_counter()
-    io_start = read_bytes()
 
-    # Files: load, note where each layer's bytes are, then drop them all.
+def _mapped_pages(addr: int, entry: "files.TensorEntry", maps: List[Tuple[int, int, int]]
+                  ) -> Optional[Tuple[int, int]]:
+    """(address, length) of the pages that hold a tensor's bytes at `addr`, when
+    a mapping of its file at that offset holds them: only such pages are
+    unmapped on eviction, never another file's."""
+    for lo, hi, off in maps:
+        if lo <= addr and addr + entry.nbytes <= hi and off + (addr - lo) == entry.begin:
+            a0 = addr - addr % files.PAGE
+            a1 = -(-(addr + entry.nbytes) // files.PAGE) * files.PAGE
+            return a0, a1 - a0
+    return None
+
+
+def load_weights(models: dict) -> Tuple[Dict[str, Weight], Dict[str, tuple]]:
+    """Every layer of the spec's models ({"model/layer": Weight}) and the files
+    loaded for them (path -> header, tensors, mappings)."""
     weights: Dict[str, Weight] = {}
-    loaded: Dict[str, Tuple[files.Header, dict, list]] = {}  # file -> header, tensors, mappings
-    for model, m in spec["models"].items():
+    loaded: Dict[str, Tuple[files.Header, dict, list]] = {}
+    for model, m in models.items():
         for layer, parts in m["layers"].items():
             ts, ranges, mapped = [], [], []
             for path, name in parts:
-                if path not in loaded:
-                    header = files.read_header(path, m["what"])
-                    try:
-                        tensors = load(path, header)
-                    except Exception as e:  # the loader's own message, with the file named
-                        raise files.FileError(f"{files.named(m['what'], path)}: cannot be loaded: {e}") from e
-                    loaded[path] = (header, tensors, file_mappings(path))
-                header, tensors, maps = loaded[path]
+                header, tensors, maps = _open(path, m["what"], loaded)
                 t, e = tensors[name], header.by_name[name]
                 ts.append(t)
                 ranges.append((path, e.begin, e.end))
-                addr = t.data_ptr()
-                for lo, hi, off in maps:  # unmap only pages that are this file's, at this offset
-                    if lo <= addr and addr + e.nbytes <= hi and off + (addr - lo) == e.begin:
-                        a0 = addr - addr % files.PAGE
-                        a1 = -(-(addr + e.nbytes) // files.PAGE) * files.PAGE
-                        mapped.append((a0, a1 - a0))
-                        break
+                pages = _mapped_pages(t.data_ptr(), e, maps)
+                if pages:
+                    mapped.append(pages)
             weights[f"{model}/{layer}"] = Weight(f"{model}/{layer}", ts, ranges, mapped)
-    # LoRA factors live in process RAM (as the simulator models them): read once, here.
+    return weights, loaded
+
+
+def load_patches(loras: dict) -> Dict[str, "torch.Tensor"]:
+    """The LoRA factors, in process RAM (as the simulator models them): read once, here."""
+    import torch
     patches: Dict[str, "torch.Tensor"] = {}
-    for lora, l in spec["loras"].items():
+    for lora, l in loras.items():
         src = load(l["file"], files.read_header(l["file"])) if l.get("file") else {}
         gen = torch.Generator().manual_seed(len(patches))
         for key, nbytes in l["tensors"].items():
@@ -270,176 +277,262 @@ def main(spec_path: str) -> int:
                 patches[f"lora:{lora}/{key}"] = torch.randn(nbytes // 2, generator=gen).half()
             else:
                 patches[f"lora:{lora}/{key}"] = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)
+    return patches
+
+
+def drop_files(weights: Dict[str, Weight], loaded: dict) -> int:
+    """Drops every loaded file from the page cache; returns the bytes that stayed there."""
     for w in weights.values():
         w.drop()
     for path in loaded:
         files.drop_from_page_cache(path)
-    cached_after_drop = sum(resident_bytes(path) for path in loaded)
+    return sum(resident_bytes(path) for path in loaded)
 
-    # Device memory (Note [Demo machine]): copies land in a buffer of `vram` bytes, in turn.
-    vram = int(mach["vram"])
-    arena = torch.empty(vram, dtype=torch.uint8, device=device)
-    if device.type == "cpu":
-        arena.fill_(0)  # resident now, so the buffer does not grow during the runs
-    cursor = [0]
 
-    def destination(t: "torch.Tensor") -> "torch.Tensor":
+class DeviceArena:
+    """Device memory (Note [Demo machine]): copies land in a buffer of `vram` bytes, in turn."""
+
+    def __init__(self, vram: int, device):
+        import torch
+        self.vram, self.device, self.cursor = vram, device, 0
+        self.buffer = torch.empty(vram, dtype=torch.uint8, device=device)
+        if device.type == "cpu":
+            self.buffer.fill_(0)  # resident now, so the buffer does not grow during the runs
+
+    def destination(self, t: "torch.Tensor") -> "torch.Tensor":
+        import torch
         n = t.numel() * t.element_size()
-        if n > vram:
-            return torch.empty_like(t, device=device)
-        start = cursor[0] if cursor[0] + n <= vram else 0
-        cursor[0] = -(-(start + n) // 512) * 512
-        return arena[start:start + n].view(t.dtype).view(t.shape)
+        if n > self.vram:
+            return torch.empty_like(t, device=self.device)
+        start = self.cursor if self.cursor + n <= self.vram else 0
+        self.cursor = -(-(start + n) // 512) * 512
+        return self.buffer[start:start + n].view(t.dtype).view(t.shape)
 
-    other_ram = int(mach["other_ram"])
-    ram = int(mach["ram"])
-    ids: Dict[str, int] = {}
-    if use_pins:
-        meminfo = os.path.join(spec["system_root"], "proc", "meminfo")
-        os.makedirs(os.path.dirname(meminfo), exist_ok=True)
-        write_meminfo(meminfo, ram, ram - other_ram)  # before pins' runtime starts and reads it
-        import torch_pins as pins
-        for model in spec["model_order"]:  # the trace's order, as pins-sim registers them
-            ids[model] = pins.register_model(model, device)
-    last = [pins.stats() if use_pins else {}]
 
-    def committed() -> int:
-        return last[0]["committed_bytes"] if use_pins else 0
+class ModelledMemory:
+    """The modelled machine's RAM as the replay's pins sees it (Note [Demo
+    machine]) and pins' latest counters; `pins` is None for the run without pins."""
 
-    def show_memory(lora_bytes: int) -> None:
-        """After a pins call: reads its counters and writes what the modelled
-        machine's /proc/meminfo would say now (Note [Demo machine])."""
-        if not use_pins:
+    def __init__(self, spec: dict, device):
+        self.ram, self.other_ram = int(spec["machine"]["ram"]), int(spec["machine"]["other_ram"])
+        self.pins = None
+        self.ids: Dict[str, int] = {}
+        self.stats: dict = {}
+        if spec["policy"] == "none":
             return
-        last[0] = pins.stats()
-        write_meminfo(meminfo, ram, max(0, ram - other_ram - lora_bytes - committed()))
+        self.meminfo = os.path.join(spec["system_root"], "proc", "meminfo")
+        os.makedirs(os.path.dirname(self.meminfo), exist_ok=True)
+        write_meminfo(self.meminfo, self.ram, self.ram - self.other_ram)  # before pins' runtime starts and reads it
+        import torch_pins as pins
+        self.pins = pins
+        for model in spec["model_order"]:  # the trace's order, as pins-sim registers them
+            self.ids[model] = pins.register_model(model, device)
+        self.stats = pins.stats()
 
-    # Every code path of a run once, on tensors of no file, before anything is
-    # measured: what the first call faults in from disk (pages of torch's and
-    # pins' libraries, kernels of each dtype, lazily imported modules) would
-    # otherwise count as run 1's reads.
+    def committed(self) -> int:
+        return self.stats["committed_bytes"] if self.pins else 0
+
+    def available(self, lora_bytes: int) -> int:
+        """MemAvailable of the modelled machine, which is also what its page cache can hold."""
+        return max(0, self.ram - self.other_ram - lora_bytes - self.committed())
+
+    def show(self, lora_bytes: int) -> None:
+        """After a pins call: reads its counters and writes what the modelled
+        machine's /proc/meminfo would say now."""
+        if self.pins is None:
+            return
+        self.stats = self.pins.stats()
+        write_meminfo(self.meminfo, self.ram, self.available(lora_bytes))
+
+
+def warm_up(weights: Dict[str, Weight], patches: Dict[str, "torch.Tensor"], arena: DeviceArena,
+            memory: ModelledMemory, device) -> None:
+    """Every code path of a run once, on tensors of no file, before anything is
+    measured: what the first call faults in from disk (pages of torch's and
+    pins' libraries, kernels of each dtype, lazily imported modules) would
+    otherwise count as run 1's reads."""
+    import torch
     dtypes = {t.dtype for w in weights.values() for t in w.tensors} | {t.dtype for t in patches.values()}
     for dtype in dtypes:
         probe = torch.zeros(1024, dtype=dtype)
-        destination(probe).copy_(probe)
-        if use_pins:
-            pins.cast_to_device(probe, device, out=destination(probe))
-            pins.cast_many_to_device([probe, probe], device)
-    show_memory(0)
-    cache = PageCacheModel()
+        arena.destination(probe).copy_(probe)
+        if memory.pins:
+            memory.pins.cast_to_device(probe, device, out=arena.destination(probe))
+            memory.pins.cast_many_to_device([probe, probe], device)
+    memory.show(0)
+
+
+class RunCounts:
+    """What one run has measured so far."""
+
+    def __init__(self, total: int):
+        self.total, self.done = total, 0
+        self.hits = self.misses = self.fills = self.plain = 0
+        self.model_bytes_read = 0  # what the page cache model says comes from disk
+        self.page_cache_hit_bytes = 0
+        self.early_read_bytes = 0  # Replay.through_page_cache
+        self.last_emit = time.perf_counter()
+
+
+class Replay:
+    """One policy's runs, access by access, on the loaded weights."""
+
+    def __init__(self, spec: dict, device, weights: Dict[str, Weight], patches: Dict[str, "torch.Tensor"],
+                 arena: DeviceArena, memory: ModelledMemory):
+        self.policy, self.reading_age_us = spec["policy"], spec["reading_age_us"]
+        self.device, self.weights, self.patches, self.arena, self.memory = device, weights, patches, arena, memory
+        self.pins = memory.pins
+        self.cache = PageCacheModel()
+        self.rss_reset = True  # VmHWM could be reset before every run: peak RSS is per run
+        self.last_lora_bytes = 0
+
+    def run(self, run: dict) -> dict:
+        """Replays one run and measures it; emits and returns its result."""
+        lora_bytes = int(run["lora_bytes"])
+        counts = RunCounts(sum(a[1] for s in run["steps"] for a in s["accesses"]))
+        self.rss_reset = reset_peak_rss() and self.rss_reset
+        io0 = read_bytes()
+        evicted0 = self.memory.stats.get("evicted_bytes", 0)
+        t0 = time.perf_counter()
+        self.begin_prompt(run["models"], lora_bytes)
+        for step in run["steps"]:
+            self.step(run["run"], step, lora_bytes, counts)
+        if self.pins:
+            self.pins.end_prompt()
+            self.memory.show(lora_bytes)
+        if self.device.type == "cuda":
+            import torch
+            torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - t0
+        io1 = read_bytes()
+        st = self.memory.stats
+        r = {"run": run["run"], "prompt": run["prompt"], "wall_s": wall,
+             "disk_bytes": (io1 - io0) if io0 is not None and io1 is not None else None,
+             "model_disk_bytes": counts.model_bytes_read, "page_cache_hit_bytes": counts.page_cache_hit_bytes,
+             "early_read_bytes": counts.early_read_bytes,
+             "hits": counts.hits, "misses": counts.misses, "pin_fills": counts.fills, "plain_copies": counts.plain,
+             "copied_bytes": counts.total, "peak_rss_bytes": peak_rss(),
+             "pinned_bytes": st.get("pinned_bytes", 0), "committed_bytes": st.get("committed_bytes", 0),
+             "evicted_bytes": st.get("evicted_bytes", 0) - evicted0}
+        emit(ev="run", **r)
+        return r
+
+    def begin_prompt(self, models: List[str], lora_bytes: int) -> None:
+        self.memory.show(lora_bytes)
+        if self.pins and lora_bytes != self.last_lora_bytes:
+            # Note [Demo machine]: the reading pins holds predates the LoRA's bytes.
+            time.sleep(self.reading_age_us / 1e6 + 0.001)
+        self.last_lora_bytes = lora_bytes
+        self.cache.shrink(self.memory.available(lora_bytes))
+        if self.pins:
+            self.pins.mark_prompt([self.memory.ids[m] for m in models])
+            self.memory.show(lora_bytes)
+
+    def step(self, run_no: int, step: dict, lora_bytes: int, counts: RunCounts) -> None:
+        mid = self.memory.ids.get(step["model"], -1)
+        if self.pins:
+            self.pins.set_active(mid, True)
+            self.memory.show(lora_bytes)
+        for access in step["accesses"]:
+            self.access(run_no, mid, access, lora_bytes, counts)
+        if self.pins:
+            self.pins.set_active(mid, False)
+            self.memory.show(lora_bytes)
+
+    def access(self, run_no: int, mid: int, access: list, lora_bytes: int, counts: RunCounts) -> None:
+        """One access of the simulator's: through pins, or a plain copy for the
+        run without pins and for lru's device-resident layers."""
+        key, nbytes, kind, resident, signature = access
+        now = time.perf_counter()
+        if kind == "patches":
+            srcs, w = [self.patches[key]], None
+        else:
+            w = self.weights[key]
+            srcs = w.tensors
+        if self.pins and not (self.policy == "lru" and resident):
+            hit, filled = self.cast(srcs, mid, kind, bool(resident), signature, lora_bytes)
+        else:
+            for s in srcs:
+                self.arena.destination(s).copy_(s)
+            hit, filled = False, False
+            counts.plain += 1
+        if hit:
+            counts.hits += 1
+        else:
+            counts.misses += 1
+            counts.fills += filled
+            if w is not None:  # a weight's bytes came through the page cache
+                self.through_page_cache(w, filled, lora_bytes, counts)
+        counts.done += nbytes
+        if now - counts.last_emit > 0.2:
+            emit(ev="progress", run=run_no, done=counts.done, total=counts.total)
+            counts.last_emit = now
+
+    def cast(self, srcs: list, mid: int, kind: str, resident: bool, signature, lora_bytes: int) -> Tuple[bool, bool]:
+        """Casts a layer through pins; whether it hit a pin, and whether a miss filled one."""
+        before = self.memory.stats
+        if len(srcs) == 1:
+            self.pins.cast_to_device(srcs[0], self.device, model=mid, kind=kind, resident=resident,
+                                     signature=signature, out=self.arena.destination(srcs[0]))
+        else:  # a layer of several tensors: one pin, one transfer
+            self.pins.cast_many_to_device(srcs, self.device, model=mid, kind=kind, resident=resident,
+                                          signature=signature)
+        self.memory.show(lora_bytes)
+        after = self.memory.stats
+        hit = after["hits"] > before["hits"]
+        filled = (after["misses"] - before["misses"]) > (after["bypassed"] - before["bypassed"])
+        return hit, filled
+
+    def through_page_cache(self, w: Weight, filled: bool, lora_bytes: int, counts: RunCounts) -> None:
+        """Where a missed weight's bytes came from on the modelled machine: its page cache or the disk."""
+        was_cached = w.key in self.cache.lru
+        if filled:  # the pin's commit takes RAM from the page cache
+            self.cache.shrink(self.memory.available(lora_bytes))
+        if self.cache.touch(w):
+            counts.page_cache_hit_bytes += w.nbytes
+        elif was_cached:
+            # On the modelled machine the pin's commit pushed this layer out
+            # of the page cache before pins read it (the simulator's order);
+            # here pins read it from the page cache a moment before.
+            counts.early_read_bytes += w.nbytes
+        else:
+            counts.model_bytes_read += w.nbytes
+            self.cache.insert(w, self.memory.available(lora_bytes))
+
+
+def write_result(spec: dict, device, setup: dict, replay: Replay, results: List[dict]) -> None:
+    """The policy's result, where the spec says (demo.py reads it when this process has exited)."""
+    out = {"policy": spec["policy"], "device": str(device), **setup, "peak_rss_per_run": replay.rss_reset,
+           "runs": results}
+    if replay.pins:
+        out["stats"] = {k: v for k, v in replay.pins.stats().items() if not k.startswith("model.")}
+    with open(spec["result"], "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def main(spec_path: str) -> int:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    import torch
+
+    device = torch.device(spec["device"])
+    t_setup = time.perf_counter()
+    io_start = read_bytes()
+    weights, loaded = load_weights(spec["models"])
+    patches = load_patches(spec["loras"])
+    cached_after_drop = drop_files(weights, loaded)
+    arena = DeviceArena(int(spec["machine"]["vram"]), device)
+    memory = ModelledMemory(spec, device)
+    warm_up(weights, patches, arena, memory, device)
+    replay = Replay(spec, device, weights, patches, arena, memory)
     setup_s = time.perf_counter() - t_setup
     setup_read = (read_bytes() - io_start) if io_start is not None else None
     emit(ev="ready", setup_s=setup_s, cached_after_drop=cached_after_drop)
 
-    results = []
-    rss_reset = True
-    last_lora_bytes = 0
-    for run in spec["runs"]:
-        lora_bytes = int(run["lora_bytes"])
-        capacity = lambda: max(0, ram - other_ram - lora_bytes - committed())
-        total = sum(a[1] for s in run["steps"] for a in s["accesses"])
-        done = 0
-        hits = misses = fills = plain = 0
-        model_bytes_read = 0  # what the page cache model says comes from disk
-        page_cache_hit_bytes = 0
-        early_read_bytes = 0  # see below
-        last_emit = time.perf_counter()
-        rss_reset = reset_peak_rss() and rss_reset
-        io0 = read_bytes()
-        evicted0 = last[0].get("evicted_bytes", 0)
-        t0 = time.perf_counter()
-        show_memory(lora_bytes)
-        if use_pins and lora_bytes != last_lora_bytes:
-            # Note [Demo machine]: the reading pins holds predates the LoRA's bytes.
-            time.sleep(spec["reading_age_us"] / 1e6 + 0.001)
-        last_lora_bytes = lora_bytes
-        cache.shrink(capacity())
-        if use_pins:
-            pins.mark_prompt([ids[m] for m in run["models"]])
-            show_memory(lora_bytes)
-        for step in run["steps"]:
-            mid = ids.get(step["model"], -1)
-            if use_pins:
-                pins.set_active(mid, True)
-                show_memory(lora_bytes)
-            for key, nbytes, kind, resident, signature in step["accesses"]:
-                now = time.perf_counter()
-                if kind == "patches":
-                    srcs, w = [patches[key]], None
-                else:
-                    w = weights[key]
-                    srcs = w.tensors
-                through_pins = use_pins and not (policy == "lru" and resident)
-                if through_pins:
-                    before = last[0]
-                    if len(srcs) == 1:
-                        pins.cast_to_device(srcs[0], device, model=mid, kind=kind, resident=bool(resident),
-                                            signature=signature, out=destination(srcs[0]))
-                    else:  # a layer of several tensors: one pin, one transfer
-                        pins.cast_many_to_device(srcs, device, model=mid, kind=kind, resident=bool(resident),
-                                                 signature=signature)
-                    show_memory(lora_bytes)
-                    after = last[0]
-                    hit = after["hits"] > before["hits"]
-                    filled = (after["misses"] - before["misses"]) > (after["bypassed"] - before["bypassed"])
-                else:
-                    for s in srcs:
-                        destination(s).copy_(s)
-                    hit, filled = False, False
-                    plain += 1
-                if hit:
-                    hits += 1
-                else:
-                    misses += 1
-                    fills += filled
-                    if w is not None:  # a weight's bytes came through the page cache
-                        was_cached = w.key in cache.lru
-                        if filled:  # the pin's commit takes RAM from the page cache
-                            cache.shrink(capacity())
-                        if cache.touch(w):
-                            page_cache_hit_bytes += w.nbytes
-                        elif was_cached:
-                            # On the modelled machine the pin's commit pushed this layer out
-                            # of the page cache before pins read it (the simulator's order);
-                            # here pins read it from the page cache a moment before.
-                            early_read_bytes += w.nbytes
-                        else:
-                            model_bytes_read += w.nbytes
-                            cache.insert(w, capacity())
-                done += nbytes
-                if now - last_emit > 0.2:
-                    emit(ev="progress", run=run["run"], done=done, total=total)
-                    last_emit = now
-            if use_pins:
-                pins.set_active(mid, False)
-                show_memory(lora_bytes)
-        if use_pins:
-            pins.end_prompt()
-            show_memory(lora_bytes)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        wall = time.perf_counter() - t0
-        io1 = read_bytes()
-        st = last[0]
-        r = {"run": run["run"], "prompt": run["prompt"], "wall_s": wall,
-             "disk_bytes": (io1 - io0) if io0 is not None and io1 is not None else None,
-             "model_disk_bytes": model_bytes_read, "page_cache_hit_bytes": page_cache_hit_bytes,
-             "early_read_bytes": early_read_bytes,
-             "hits": hits, "misses": misses, "pin_fills": fills, "plain_copies": plain,
-             "copied_bytes": total, "peak_rss_bytes": peak_rss(),
-             "pinned_bytes": st.get("pinned_bytes", 0), "committed_bytes": st.get("committed_bytes", 0),
-             "evicted_bytes": st.get("evicted_bytes", 0) - evicted0}
-        results.append(r)
-        emit(ev="run", **r)
-    out = {"policy": policy, "device": str(device), "setup_s": setup_s, "setup_read_bytes": setup_read,
-           "cached_after_drop_bytes": cached_after_drop, "peak_rss_per_run": rss_reset,
-           "runs": results}
-    if use_pins:
-        out["stats"] = {k: v for k, v in pins.stats().items() if not k.startswith("model.")}
-    with open(spec["result"], "w") as f:
-        json.dump(out, f, indent=1)
+    results = [replay.run(run) for run in spec["runs"]]
+    write_result(spec, device, {"setup_s": setup_s, "setup_read_bytes": setup_read,
+                                "cached_after_drop_bytes": cached_after_drop}, replay, results)
     return 0
-
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
