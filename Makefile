@@ -12,7 +12,7 @@ build: setup
 # The demo: a scaled WAN 2.2 workflow replayed through pins on real safetensors files
 # (written to build/demo/models on the first run), per policy, against pins-sim's prediction.
 demo: build
-	@.venv/bin/python -m torch_pins.demo
+	@.venv/bin/python profiling/demo/demo.py
 
 test: build
 	@bash scripts/test.sh

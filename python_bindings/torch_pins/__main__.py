@@ -3,16 +3,21 @@
   stats      the library, its configuration and every counter of a fresh process
   simulate   the workflow simulator, pins-sim (arguments go to it)
   demo       what ``make demo`` runs: a workflow replayed through pins on real
-             safetensors files (``torch_pins.demo``; arguments go to it)
+             safetensors files (profiling/demo/demo.py of the checkout this
+             package sits in; arguments go to it)
 
 Exit status: 0 when the command ran (simulate and demo: the tools' own status),
 2 for a usage error or a tool that is not available here, with a message that
-says where it was looked for.
+says where it was looked for: pins-sim when it is not built, the demo when this
+package is not in a checkout (an installed wheel).
 
 pins-sim and pins-bench are C++ executables of the source tree (``make build``
 puts them in build/bin); the wheel does not ship them: they read the traces and
 model data of the repository (profiling/). They are found through $PINS_SIM and
 $PINS_BENCH, the ``build/bin`` of the checkout this package sits in, or PATH.
+The demo is part of the source tree too (it replays the repository's traces
+through pins-sim): only a checkout has it, and it runs in a process of its own
+that imports this package.
 """
 import argparse
 import json
@@ -26,7 +31,9 @@ from . import _library
 
 # The checkout this package sits in, when it is imported from python_bindings/
 # of a clone (make test's editable install) rather than from a wheel.
-_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CHECKOUT = os.path.dirname(_PACKAGE_PARENT)
+DEMO = os.path.join("profiling", "demo", "demo.py")
 USAGE_ERROR = 2
 
 
@@ -91,11 +98,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from . import demo
+    script = os.path.join(_CHECKOUT, DEMO)
+    if not os.path.isfile(script):
+        print(f"torch_pins: demo not found (looked at {script}). The demo is part of the source tree, not of the "
+              f"wheel: it replays the repository's traces and needs pins-sim. Run `make demo` in a clone of the "
+              f"repository.", file=sys.stderr)
+        return USAGE_ERROR
     demo_args = list(args.demo_args)
     if demo_args[:1] == ["--"]:
         demo_args = demo_args[1:]
-    return demo.main(demo_args)
+    # The demo's replays import torch_pins: this package, however this process found it.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+    return subprocess.call([sys.executable, script, *demo_args], env=env)
 
 
 # The commands whose arguments all go to another tool: run, the argument list's
@@ -108,10 +123,10 @@ PASSTHROUGH = {
                  "$PINS_SIM, the build/bin of the checkout this package is in, or PATH."),
     "demo": (cmd_demo, "demo_args", "DEMO_ARGS",
              "what `make demo` runs: a workflow replayed through pins on real files (arguments go to it)",
-             "Runs torch_pins.demo, what `make demo` runs: a workflow trace replayed layer by layer through pins on "
-             "real safetensors files, per policy and without pins, beside pins-sim's prediction. `python -m "
-             "torch_pins demo -- --help` lists its options. It needs pins-sim (found as for simulate) and, with the "
-             "default trace, a clone of the repository."),
+             "Runs profiling/demo/demo.py of the checkout this package sits in, what `make demo` runs: a workflow "
+             "trace replayed layer by layer through pins on real safetensors files, per policy and without pins, "
+             "beside pins-sim's prediction. `python -m torch_pins demo -- --help` lists its options. The demo is "
+             "part of the source tree, not of the wheel; it needs pins-sim (found as for simulate)."),
 }
 
 

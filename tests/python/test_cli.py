@@ -2,6 +2,7 @@
 from the wheel, where the simulator is absent)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,13 +13,21 @@ SIM = os.path.join(ROOT, "build", "bin", "pins-sim")
 TRACE = os.path.join(ROOT, "profiling", "traces", "sdxl_refiner_16g_ram_8g_vram.json")
 
 
-def cli(*args, **env):
+def cli(*args, module=True, **env):
     full = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python_bindings"))
     for k in ("PINS_SIM", "PINS_BENCH", "PINS_CONF"):
         full.pop(k, None)
     full.update(env)
-    return subprocess.run([sys.executable, "-m", "torch_pins", *args], capture_output=True, text=True, env=full,
-                          cwd=ROOT)
+    command = ["-m", "torch_pins"] if module else []
+    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, env=full, cwd=ROOT)
+
+
+def test_the_cli_under_test_is_this_checkouts():
+    """Every test here runs `python -m torch_pins` with this checkout's
+    python_bindings on PYTHONPATH; an editable install of another checkout in the
+    venv (a meta path finder, consulted before PYTHONPATH) would run that one's."""
+    out = cli("-c", "import torch_pins.__main__ as m; print(m.__file__)", module=False)
+    assert out.stdout.strip() == os.path.join(ROOT, "python_bindings", "torch_pins", "__main__.py"), out.stdout
 
 
 @pytest.mark.parametrize("args", [["--help"], ["stats", "--help"], ["simulate", "--help"], ["demo", "--help"]])
@@ -75,9 +84,24 @@ def test_simulate_and_demo_name_the_tool_they_cannot_find(tmp_path):
     assert not os.path.exists(os.path.join(tmp_path, "models"))
 
 
-def test_demo_passes_its_arguments_to_torch_pins_demo():
+def test_demo_runs_the_checkouts_demo_with_its_arguments():
     out = cli("demo", "--policy", "fifo")
     assert out.returncode == 2
-    assert "--policy: unknown policy 'fifo'" in out.stderr
+    assert "demo: --policy: unknown policy 'fifo'" in out.stderr
     out = cli("demo", "--", "--help")
     assert out.returncode == 0 and "--ram-budget" in out.stdout
+    assert out.stdout.startswith("usage: profiling/demo/demo.py"), out.stdout
+
+
+def test_demo_outside_a_checkout_says_it_is_part_of_the_source_tree(tmp_path):
+    # The package where a wheel puts it: a directory with no profiling/demo above it.
+    package = os.path.join(ROOT, "python_bindings", "torch_pins")
+    site = tmp_path / "site-packages"
+    shutil.copytree(package, site / "torch_pins", ignore=shutil.ignore_patterns("__pycache__", "_lib"))
+    os.symlink(os.path.join(package, "_lib"), site / "torch_pins" / "_lib")
+    # A bad option: a demo reached by mistake stops at once (exit 2) instead of replaying.
+    out = cli("demo", "--policy", "fifo", "--out", str(tmp_path / "out"), PYTHONPATH=str(site))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"demo not found (looked at {tmp_path / 'profiling' / 'demo' / 'demo.py'})" in out.stderr, out.stderr
+    assert "part of the source tree" in out.stderr and "`make demo` in a clone" in out.stderr, out.stderr
+    assert not os.path.exists(tmp_path / "out")

@@ -1,8 +1,10 @@
-"""python -m torch_pins.demo: a small replay on real files, checked against pins-sim.
+"""profiling/demo/demo.py (make demo): a small replay on real files, checked
+against pins-sim.
 
 One run of the demo (tens of MB of files, two policies, three runs) is shared by
 the tests of this module; the error tests stop before any file is written.
 Needs pins-sim ($PINS_SIM or build/bin), as make test builds it."""
+import ast
 import json
 import os
 import struct
@@ -13,6 +15,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIM = os.environ.get("PINS_SIM") or os.path.join(ROOT, "build", "bin", "pins-sim")
+DEMO_DIR = os.path.join(ROOT, "profiling", "demo")
+DEMO = os.path.join(DEMO_DIR, "demo.py")
 PAGE = 4096
 
 # The demo's workflow in small: a text encoder, a diffusion model with a LoRA
@@ -45,16 +49,26 @@ needs_sim = pytest.mark.skipif(not (os.path.isfile(SIM) and os.access(SIM, os.X_
 
 
 def demo(*args, cwd=None):
+    """The demo as make demo runs it, its replays importing this checkout's torch_pins."""
     env = dict(os.environ, PINS_SIM=SIM)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "python_bindings"), env.get("PYTHONPATH")]))
     env.pop("PINS_CONF", None)
-    return subprocess.run([sys.executable, "-m", "torch_pins.demo", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)
+    return subprocess.run([sys.executable, DEMO, *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=300)
+
+
+def demo_module():
+    """demo.py imported as its script imports its siblings (files, replay): from its folder."""
+    if DEMO_DIR not in sys.path:
+        sys.path.insert(0, DEMO_DIR)
+    import demo as module
+    assert module.__file__ == DEMO, module.__file__
+    return module
 
 
 def demo_here(capsys, *args):
     """The command in this process (the error paths stop before any replay): (status, stderr)."""
-    from torch_pins import demo as command
-    rc = command.main(list(args))
+    rc = demo_module().main(list(args))
     return rc, capsys.readouterr().err
 
 
@@ -204,3 +218,32 @@ def test_bad_files_are_named(capsys, trace_file, tmp_path, content, message):
     rc, err = demo_here(capsys, "--trace", trace_file, "--out", str(tmp_path / "out"), "--files", f"net={f}")
     assert rc == 2, err
     assert f"--files net='{f}': " in err and message in err
+
+
+def imported_modules(path):
+    """The modules a Python file imports, relative ones with their leading dots."""
+    tree = ast.parse(open(path).read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            yield base
+            yield from (f"{base}.{a.name}" if node.module else base + a.name for a in node.names)
+
+
+def test_the_runtime_package_neither_holds_nor_imports_the_demo():
+    """What a ComfyUI user installs runs in their process; the demo is source-tree
+    tooling that imports the package, so the package must not import it back."""
+    package = os.path.join(ROOT, "python_bindings", "torch_pins")
+    sources = sorted(f for f in os.listdir(package) if f.endswith(".py"))
+    assert not [f for f in sources if "demo" in f or "replay" in f], sources
+    demo_names = {"demo", "replay", "files", "profiling"}
+    for f in sources:
+        found = [m for m in imported_modules(os.path.join(package, f)) if set(m.strip(".").split(".")) & demo_names]
+        assert not found, f"torch_pins/{f} imports {found}"
+    demo_sources = sorted(os.path.join(DEMO_DIR, f) for f in os.listdir(DEMO_DIR) if f.endswith(".py"))
+    assert [os.path.basename(f) for f in demo_sources] == ["demo.py", "files.py", "replay.py"]
+    for path in demo_sources:
+        found = list(imported_modules(path))
+        assert not [m for m in found if "__main__" in m or m.startswith(".")], f"{path} imports {found}"

@@ -206,6 +206,8 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
                  "torch_pins/py.typed", "torch_pins/_lib/libpins.so", "torch_pins/_lib/libpins.so.torch", extension,
                  f"{info}/licenses/LICENSE", f"{info}/entry_points.txt"]:
         assert want in names, (want, names)
+    # The demo and its replay tooling are the source tree's (profiling/demo), not the runtime package's.
+    assert not [n for n in names if n.startswith("torch_pins/") and ("demo" in n or "replay" in n)], names
     meta = z.read(f"{info}/METADATA").decode()
     release = ".".join(torch_release_of_this_python().split(".")[:2])
     assert f"Requires-Dist: torch=={release}.*" in meta, meta
@@ -269,9 +271,9 @@ def test_wheel_cli_in_another_venv(installed, tmp_path):
     assert s["version"] == __version__ and s["backend"] and s["counters"]["pins"] == 0, s
     script = os.path.join(VENV, "bin", "torch-pins")  # the same main as python -m torch_pins
     assert os.access(script, os.X_OK) and "torch_pins.__main__" in open(script).read()
-    # The wheel ships no simulator: the CLI says where it looked and what to do.
+    # The wheel ships no simulator and no demo: the CLI says where it looked and what to do.
     env = clean_env(PATH=os.path.join(VENV, "bin") + os.pathsep + "/usr/bin:/bin")
-    for cmd, says in [("simulate", "pins-sim not found"), ("demo", "demo needs a clone of the repository")]:
+    for cmd, says in [("simulate", "pins-sim not found"), ("demo", "The demo is part of the source tree")]:
         out = subprocess.run([VENV_PY, "-m", "torch_pins", cmd], capture_output=True, text=True, env=env,
                              cwd=str(tmp_path))
         assert out.returncode == 2, (cmd, out.stdout, out.stderr)

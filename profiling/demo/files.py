@@ -16,7 +16,7 @@ the bytes a run reads from disk depend on the order of reads and on what the
 page cache happened to keep around them, by up to 10% of a run. It stops at the
 end of a file, so with a file per layer the kernel reads a layer's pages, plus
 once per file the header's page, and the page cache of one layer can be
-dropped without touching another (Note [Demo page cache] in _demo_replay.py).
+dropped without touching another (Note [Demo page cache] in replay.py).
 A user's files (--files) are read as they are, one file or a directory of
 shards per model.
 

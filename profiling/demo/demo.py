@@ -1,4 +1,4 @@
-"""pins on real files: ``python -m torch_pins.demo`` (what ``make demo`` runs).
+"""pins on real files: ``python profiling/demo/demo.py`` (what ``make demo`` runs).
 
 Replays a workflow trace (the simulator's format, docs/SIMULATOR.md) layer by
 layer through ``cast_to_device`` on real safetensors files, once per policy
@@ -14,27 +14,36 @@ VAE and style LoRAs, 2.7 GB). ``--files NAME=PATH,...`` points trace models at
 your own safetensors files instead: their layers (tensors grouped by block, as
 the simulator groups a parameter list) replace the trace's, in a derived trace
 written beside the report. Note [Demo machine] and Note [Demo page cache]
-(_demo_replay.py) say how a machine larger than the modelled one is made to
-behave like it.
+(replay.py) say how a machine larger than the modelled one is made to behave
+like it.
 
 Output: progress on standard error, a table, ``report.json`` and ``demo.png``
 in ``--out``; the last line is ``RESULT report=<json> plot=<png>``. Exit status
 0 when every replay ran, 2 for a bad option, file or trace (the message names
 it), 1 when a replay failed.
+
+The demo is part of the source tree, not of the torch_pins package: it needs
+the repository's traces and pins-sim, and imports torch_pins (the package
+importable here) only in its replay processes. ``python -m torch_pins demo``
+runs this file of the checkout the package sits in.
 """
 import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import _demo_files as files
+import files
+from replay import read_bytes
 
-_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CHECKOUT = os.path.dirname(os.path.dirname(_HERE))
+REPLAY = os.path.join(_HERE, "replay.py")
 DEFAULT_TRACE = os.path.join("profiling", "traces", "demo_wan22_scaled.json")
 DEFAULT_OUT = os.path.join("build", "demo")
 # How long pins' reading of the demo's meminfo stands (PINS_CONF memory_max_age_us): Note [Demo machine].
@@ -172,13 +181,29 @@ def derive_trace(trace: dict, user_files: Dict[str, str], path: str) -> Dict[str
 
 # --- pins-sim ----------------------------------------------------------------------
 
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
 def find_sim() -> str:
-    from .__main__ import find_tool
-    sim, looked = find_tool("pins-sim", "PINS_SIM")
-    if sim is None:
-        raise DemoError(f"pins-sim not found (looked at {', '.join(looked)}): it is a C++ executable of the source "
-                        "tree; run `make build` in a clone (it lands in build/bin) or set PINS_SIM")
-    return sim
+    """pins-sim where ``python -m torch_pins simulate`` finds it: $PINS_SIM (then
+    nowhere else), this checkout's build/bin, PATH. Not through the package's
+    command line: it runs this file, and importing it back would make a circle."""
+    explicit = os.environ.get("PINS_SIM")
+    if explicit:
+        if _executable(explicit):
+            return explicit
+        looked = [f"$PINS_SIM={explicit}, not an executable file"]
+    else:
+        in_checkout = os.path.join(_CHECKOUT, "build", "bin", "pins-sim")
+        if _executable(in_checkout):
+            return in_checkout
+        on_path = shutil.which("pins-sim")
+        if on_path:
+            return on_path
+        looked = ["$PINS_SIM (unset)", in_checkout, "PATH"]
+    raise DemoError(f"pins-sim not found (looked at {', '.join(looked)}): it is a C++ executable of the source "
+                    "tree; run `make build` (it lands in build/bin) or set PINS_SIM")
 
 
 def run_sim(sim: str, trace: str, args: Sequence[str]) -> dict:
@@ -297,7 +322,6 @@ def ensure_files(models_dir: str, layout: Dict[str, Dict[str, int]], loras: Dict
 def disk_accounting_works(directory: str) -> Tuple[bool, str]:
     """Whether /proc/self/io read_bytes counts a read of a file dropped from the
     page cache here (it does not under some containers and file systems)."""
-    from ._demo_replay import read_bytes
     if read_bytes() is None:
         return False, "/proc/self/io has no read_bytes here"
     os.makedirs(directory, exist_ok=True)
@@ -360,7 +384,7 @@ def replay_policy(policy: str, spec: dict, out_dir: str, progress: Progress, nru
                                               f"headroom:{spec['machine']['headroom']}", conf]))
     with open(spec_path, "w") as f:
         json.dump(spec, f)
-    cmd = [sys.executable, "-m", "torch_pins.demo", "--replay", spec_path]
+    cmd = [sys.executable, REPLAY, spec_path]
     label = f"{policy:>5}"
     err_path = os.path.join(out_dir, f"replay_{policy}.stderr")
     with open(err_path, "w") as err_file:
@@ -492,7 +516,7 @@ def plot(report: dict, path: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m torch_pins.demo",
+        prog="profiling/demo/demo.py",
         description="Replays a workflow trace through pins on real safetensors files, per policy and without pins, "
                     "and compares the measured disk reads with pins-sim's prediction for the same machine. Exit "
                     "status 0 when it ran, 2 for a bad option, file or trace, 1 when a replay failed.")
@@ -520,9 +544,8 @@ def parser() -> argparse.ArgumentParser:
                         "memory emulated in host RAM")
     p.add_argument("--out", default=None, metavar="DIR",
                    help=f"where report.json, demo.png and the replays' files go (default: {DEFAULT_OUT} of the "
-                        "checkout; pins-demo in the current directory outside a clone)")
+                        "checkout)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--replay", default=None, help=argparse.SUPPRESS)  # one policy's process (_demo_replay)
     return p
 
 
@@ -545,33 +568,43 @@ def _conf_value(conf: str, key: str) -> Optional[str]:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
-    progress = Progress()
+class Options(NamedTuple):
+    """The options checked before the trace is read; those that depend on the
+    trace (--ram-budget, --vram, --files, --device) are checked with it."""
+    trace_path: str
+    out: str
+    models_dir: str
+    policies: List[str]
+    sequence: Optional[str]
+    runs: Optional[int]
+    conf: str
+    pin_reserve: int
+    plot: bool
+
+
+def check_options(args: argparse.Namespace) -> Options:
     default_trace = args.trace is None
-    in_clone = os.path.isfile(os.path.join(_CHECKOUT, DEFAULT_TRACE))
-    if default_trace and not in_clone:
-        raise DemoError(f"demo needs a clone of the repository for its default trace {DEFAULT_TRACE} (this package "
-                        f"is installed in {_CHECKOUT}): run `make demo` in a clone, or pass --trace (and --files) "
-                        "of your own")
-    trace_path = os.path.abspath(args.trace or os.path.join(_CHECKOUT, DEFAULT_TRACE))
-    # Outside a clone (an installed wheel) the files go below the current directory, not site-packages.
-    out = os.path.abspath(args.out or (os.path.join(_CHECKOUT, DEFAULT_OUT) if in_clone else "pins-demo"))
-    models_dir = os.path.abspath(args.models_dir or os.path.join(out, "models"))
+    out = os.path.abspath(args.out or os.path.join(_CHECKOUT, DEFAULT_OUT))
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     for p in policies:
         if p not in POLICIES:
             raise DemoError(f"--policy: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
     if not policies or len(set(policies)) != len(policies):
         raise DemoError(f"--policy: expected distinct policies from {', '.join(POLICIES)}, got {args.policy!r}")
-    runs_arg = _positive_int(args.runs, "--runs") if args.runs is not None else None
+    runs = _positive_int(args.runs, "--runs") if args.runs is not None else None
     conf = args.conf if args.conf is not None else (DEFAULT_TRACE_CONF if default_trace else "")
     for key in ("backend", "policy", "retain_free", "memory_max_age_us", "system_root"):
         if _conf_value(conf, key) is not None:
             raise DemoError(f"--conf: key {key!r} is set by the demo itself (per replay), got {conf!r}")
     pin_reserve_text = _conf_value(conf, "pin_reserve")
     pin_reserve = parse_size(pin_reserve_text, "--conf pin_reserve") if pin_reserve_text else DEFAULT_PIN_RESERVE
+    return Options(trace_path=os.path.abspath(args.trace or os.path.join(_CHECKOUT, DEFAULT_TRACE)), out=out,
+                   models_dir=os.path.abspath(args.models_dir or os.path.join(out, "models")), policies=policies,
+                   sequence=args.sequence, runs=runs, conf=conf, pin_reserve=pin_reserve, plot=not args.no_plot)
 
-    trace = load_trace(trace_path)
+
+def modelled_machine(trace: dict, trace_path: str, args: argparse.Namespace) -> Dict[str, int]:
+    """The trace's machine (ram, vram, headroom, other_ram), with --ram-budget and --vram applied."""
     machine = trace.get("machine") or {}
     mach = {}
     for key in ("ram", "vram", "headroom", "other_ram"):
@@ -588,102 +621,119 @@ def run(args: argparse.Namespace) -> int:
         mach["vram"] = parse_size(args.vram, "--vram")
         if mach["vram"] == 0:
             raise DemoError("--vram: must be positive, got 0")
+    return mach
 
-    os.makedirs(out, exist_ok=True)
-    user_files = parse_files_option(args.files, trace) if args.files is not None else {}
-    layer_tensors: Dict[str, Dict[str, List[str]]] = {}
-    sim_trace = trace_path
-    if user_files:
-        sim_trace = os.path.join(out, "trace.json")
-        layer_tensors = derive_trace(trace, user_files, sim_trace)
 
-    device = args.device
+def simulated_trace(trace: dict, opts: Options, user_files: Dict[str, str]
+                    ) -> Tuple[str, Dict[str, Dict[str, List[List[str]]]]]:
+    """The trace file pins-sim replays (the given one, or with --files the one
+    derived from the user's files) and {model: {layer: [[file, tensor], ...]}}
+    of those files."""
+    if not user_files:
+        return opts.trace_path, {}
+    path = os.path.join(opts.out, "trace.json")
+    return path, derive_trace(trace, user_files, path)
+
+
+def choose_device(text: str, mach: Dict[str, int]):
+    """The torch device of --device, checked against the modelled device memory."""
     import torch
+    device = text
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise DemoError(f"--device: expected cpu, cuda, cuda:N or auto, got {args.device!r}") from None
+        raise DemoError(f"--device: expected cpu, cuda, cuda:N or auto, got {text!r}") from None
     if dev.type not in ("cpu", "cuda"):
-        raise DemoError(f"--device: expected cpu, cuda, cuda:N or auto, got {args.device!r}")
+        raise DemoError(f"--device: expected cpu, cuda, cuda:N or auto, got {text!r}")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise DemoError(f"--device: {args.device!r} asked for, but torch sees no CUDA device here")
+            raise DemoError(f"--device: {text!r} asked for, but torch sees no CUDA device here")
         free, _ = torch.cuda.mem_get_info(dev)
         if mach["vram"] > free:
             raise DemoError(f"--vram: the modelled device memory ({gib(mach['vram'])} GiB) exceeds what is free on "
                             f"{dev} ({gib(free)} GiB)")
+    return dev
 
-    if dev.type == "cpu":
-        # The CPU backend page-locks nothing (no mlock), so the pin ceiling, which
-        # drops page-locks and gives idle extents back to make lock room, never
-        # acts; pins-sim's null backend counts every pin as locked, so the
-        # prediction is made with the ceiling at all of RAM too.
-        conf = ",".join(filter(None, [conf, "ceiling_max:1,ceiling_min:1"]))
 
-    # The prediction: pins-sim on the same trace and the same machine.
+def device_conf(conf: str, dev) -> str:
+    """The balancer settings of the replays and of pins-sim on device `dev`."""
+    if dev.type != "cpu":
+        return conf
+    # The CPU backend page-locks nothing (no mlock), so the pin ceiling, which
+    # drops page-locks and gives idle extents back to make lock room, never
+    # acts; pins-sim's null backend counts every pin as locked, so the
+    # prediction is made with the ceiling at all of RAM too.
+    return ",".join(filter(None, [conf, "ceiling_max:1,ceiling_min:1"]))
+
+
+def predict(sim_trace: str, mach: Dict[str, int], opts: Options, conf: str) -> Tuple[dict, Dict[str, List[dict]], str]:
+    """pins-sim on the same trace and the same machine: its JSON report for the
+    pins policies, each policy's predicted runs, and the path of its access dump."""
     sim = find_sim()
     sim_args = ["--machine", f"ram={mach['ram']}", "--machine", f"vram={mach['vram']}"]
-    if args.sequence:
-        sim_args += ["--sequence", args.sequence]
-    if runs_arg:
-        sim_args += ["--runs", str(runs_arg)]
-    dump = os.path.join(out, "accesses.jsonl")
-    sim_policies = [p for p in policies if p != "none"] or ["lru"]
+    if opts.sequence:
+        sim_args += ["--sequence", opts.sequence]
+    if opts.runs:
+        sim_args += ["--runs", str(opts.runs)]
+    dump = os.path.join(opts.out, "accesses.jsonl")
+    sim_policies = [p for p in opts.policies if p != "none"] or ["lru"]
     predicted_json = run_sim(sim, sim_trace, sim_args + ["--policy", ",".join(sim_policies),
                                                          "--dump-accesses", dump] + (["--conf", conf] if conf else []))
     predicted: Dict[str, List[dict]] = {p: [r for r in predicted_json["runs"] if r["policy"] == p]
                                         for p in sim_policies}
-    if "none" in policies:
+    if "none" in opts.policies:
         # Without pins: lru that never gets a pin, so every copy reads the page cache.
         none_json = run_sim(sim, sim_trace, sim_args + ["--policy", "lru", "--conf",
                                                         ",".join(filter(None, [conf, "pin_reserve:256T"]))])
         predicted["none"] = none_json["runs"]
-    plan = plan_runs(trace, predicted_json, dump)
-    layout, lora_layout = synthetic_layout(plan)
-    lora_paths = ensure_files(models_dir, layout, lora_layout, user_files, trace.get("name", ""), progress.line)
+    return predicted_json, predicted, dump
 
-    ok, why = disk_accounting_works(models_dir)
-    if not ok:
-        progress.line(f"warning: disk bytes cannot be measured here: {why}; they are reported as null")
 
+def replay_spec(opts: Options, dev, mach: Dict[str, int], trace: dict, plan: List[dict],
+                layout: Dict[str, Dict[str, int]], lora_layout: Dict[str, Dict[str, int]], lora_paths: Dict[str, str],
+                user_files: Dict[str, str], layer_tensors: Dict[str, Dict[str, List[List[str]]]]) -> dict:
+    """What every policy's replay process reads (replay.py): the files of each
+    layer, the LoRAs, the machine and the runs to replay."""
     spec_models = {}
     for model, layers in layout.items():
         if model in user_files:
             spec_models[model] = {"what": f"--files {model}=", "layers": {l: layer_tensors[model][l] for l in layers}}
         else:
             spec_models[model] = {"what": "file", "layers": {
-                l: [[os.path.join(models_dir, model, shard_name(l)), f"{l}.weight"]] for l in layers}}
-    spec = {"device": str(dev), "reading_age_us": DEMO_READING_AGE_US, "machine": mach, "pin_reserve": pin_reserve,
-            "models": spec_models,
+                l: [[os.path.join(opts.models_dir, model, shard_name(l)), f"{l}.weight"]] for l in layers}}
+    return {"device": str(dev), "reading_age_us": DEMO_READING_AGE_US, "machine": mach,
+            "pin_reserve": opts.pin_reserve, "models": spec_models,
             "model_order": [m["name"] for m in trace["models"]],
             "loras": {l: {"file": lora_paths.get(l), "tensors": t} for l, t in lora_layout.items()}, "runs": plan}
 
-    machine_text = (f"modelled machine: RAM {gib(mach['ram'])} GiB (other {gib(mach['other_ram'])}, headroom "
-                    f"{gib(mach['headroom'])}), device memory {gib(mach['vram'])} GiB "
-                    + ("emulated in host RAM (no GPU)" if dev.type == "cpu" else f"on {torch.cuda.get_device_name(dev)}")
-                    + f"; ran on {os.cpu_count()} CPUs, {gib(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))} "
-                    "GiB RAM")
-    progress.line(f"trace: {predicted_json['trace']} ({os.path.relpath(sim_trace)}), sequence "
-                  f"{predicted_json['sequence']}, {len(plan)} runs")
-    progress.line(machine_text)
-    if dev.type == "cpu":
-        progress.line("no GPU: device memory is emulated in host RAM, copies are RAM copies")
 
-    measured: Dict[str, dict] = {}
-    for p in policies:
-        measured[p] = replay_policy(p, spec, out, progress, len(plan), conf)
+def describe_machine(mach: Dict[str, int], dev) -> str:
+    """The modelled machine and the one the demo ran on, in one line."""
+    import torch
+    return (f"modelled machine: RAM {gib(mach['ram'])} GiB (other {gib(mach['other_ram'])}, headroom "
+            f"{gib(mach['headroom'])}), device memory {gib(mach['vram'])} GiB "
+            + ("emulated in host RAM (no GPU)" if dev.type == "cpu" else f"on {torch.cuda.get_device_name(dev)}")
+            + f"; ran on {os.cpu_count()} CPUs, {gib(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))} "
+            "GiB RAM")
 
+
+def build_report(sim_trace: str, predicted_json: dict, mach: Dict[str, int], machine_text: str, dev, conf: str,
+                 disk_check: Tuple[bool, str], measured: Dict[str, dict], predicted: Dict[str, List[dict]]
+                 ) -> Tuple[dict, List[str]]:
+    """report.json's content, each measured run beside its prediction, and a line
+    for each run whose disk bytes differ from it (explain)."""
+    ok, why = disk_check
     largest = predicted_json.get("largest_layer_bytes", 0)
     report = {"title": predicted_json["trace"], "trace": sim_trace,
               "sequence": predicted_json["sequence"], "machine": mach, "machine_text": machine_text,
               "device": str(dev), "conf": conf, "disk_accounting": {"works": ok, "check": why},
               "largest_layer_bytes": largest, "policies": {}}
     explanations = []
-    for p in policies:
+    for p, policy_measured in measured.items():
         rows = []
-        for m, q in zip(measured[p]["runs"], predicted[p]):
+        for m, q in zip(policy_measured["runs"], predicted[p]):
             row = dict(m)
             row["predicted_disk_bytes"] = q["disk_bytes"]
             row["predicted_hits"] = q["pin_hits"]
@@ -695,15 +745,26 @@ def run(args: argparse.Namespace) -> int:
                 explanations.append(f"{p} run {m['run']}: measured {gib(m['disk_bytes'])} GiB, predicted "
                                     f"{gib(q['disk_bytes'])}: {why_diff}")
             rows.append(row)
-        report["policies"][p] = {k: v for k, v in measured[p].items() if k != "runs"}
+        report["policies"][p] = {k: v for k, v in policy_measured.items() if k != "runs"}
         report["policies"][p]["runs"] = rows
+    return report, explanations
+
+
+def write_report(report: dict, out: str, with_plot: bool) -> Tuple[str, Optional[str]]:
+    """report.json and (unless --no-plot) demo.png in `out`: their paths, None for no plot."""
     report_path = os.path.join(out, "report.json")
     with open(report_path, "w") as f:
         json.dump(report, f, indent=1)
+    if not with_plot:
+        return report_path, None
     plot_path = os.path.join(out, "demo.png")
-    if not args.no_plot:
-        plot(report, plot_path)
+    plot(report, plot_path)
+    return report_path, plot_path
 
+
+def print_summary(policies: List[str], measured: Dict[str, dict], predicted: Dict[str, List[dict]],
+                  explanations: List[str], machine_text: str, report_path: str, plot_path: Optional[str]) -> None:
+    """The table, the differences, the machine and the RESULT line, on standard output."""
     print()
     for line in table(policies, measured, predicted):
         print(line)
@@ -715,15 +776,46 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("every measured run is within 5% (or one largest layer) of pins-sim's prediction")
     print(machine_text)
-    print(f"RESULT report={report_path} plot={plot_path if not args.no_plot else 'none'}")
+    print(f"RESULT report={report_path} plot={plot_path or 'none'}")
+
+
+def run(args: argparse.Namespace) -> int:
+    progress = Progress()
+    opts = check_options(args)
+    trace = load_trace(opts.trace_path)
+    mach = modelled_machine(trace, opts.trace_path, args)
+    os.makedirs(opts.out, exist_ok=True)
+    user_files = parse_files_option(args.files, trace) if args.files is not None else {}
+    sim_trace, layer_tensors = simulated_trace(trace, opts, user_files)
+    dev = choose_device(args.device, mach)
+    conf = device_conf(opts.conf, dev)
+    predicted_json, predicted, dump = predict(sim_trace, mach, opts, conf)
+
+    plan = plan_runs(trace, predicted_json, dump)
+    layout, lora_layout = synthetic_layout(plan)
+    lora_paths = ensure_files(opts.models_dir, layout, lora_layout, user_files, trace.get("name", ""), progress.line)
+    disk_ok, disk_why = disk_accounting_works(opts.models_dir)
+    if not disk_ok:
+        progress.line(f"warning: disk bytes cannot be measured here: {disk_why}; they are reported as null")
+    spec = replay_spec(opts, dev, mach, trace, plan, layout, lora_layout, lora_paths, user_files, layer_tensors)
+
+    machine_text = describe_machine(mach, dev)
+    progress.line(f"trace: {predicted_json['trace']} ({os.path.relpath(sim_trace)}), sequence "
+                  f"{predicted_json['sequence']}, {len(plan)} runs")
+    progress.line(machine_text)
+    if dev.type == "cpu":
+        progress.line("no GPU: device memory is emulated in host RAM, copies are RAM copies")
+    measured = {p: replay_policy(p, spec, opts.out, progress, len(plan), conf) for p in opts.policies}
+
+    report, explanations = build_report(sim_trace, predicted_json, mach, machine_text, dev, conf,
+                                        (disk_ok, disk_why), measured, predicted)
+    report_path, plot_path = write_report(report, opts.out, opts.plot)
+    print_summary(opts.policies, measured, predicted, explanations, machine_text, report_path, plot_path)
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
-    if args.replay:
-        from . import _demo_replay
-        return _demo_replay.main(args.replay)
     try:
         return run(args)
     except (DemoError, files.FileError) as e:
