@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -13,19 +14,26 @@ SIM = os.path.join(ROOT, "build", "bin", "pins-sim")
 TRACE = os.path.join(ROOT, "profiling", "traces", "sdxl_refiner_16g_ram_8g_vram.json")
 
 
-def cli(*args, module=True, **env):
-    full = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python_bindings"))
+# The venv's packages (torch) without its .pth files: an editable install of
+# torch_pins there is a meta path finder, consulted before PYTHONPATH, that would
+# import its own checkout's package whatever PYTHONPATH names.
+SITE = os.pathsep.join(dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]))
+
+
+def cli(*args, module=True, package_dir=os.path.join(ROOT, "python_bindings"), **env):
+    """`python -m torch_pins ARGS` importing torch_pins from `package_dir` only."""
+    full = dict(os.environ, PYTHONPATH=package_dir + os.pathsep + SITE)
     for k in ("PINS_SIM", "PINS_BENCH", "PINS_CONF"):
         full.pop(k, None)
     full.update(env)
     command = ["-m", "torch_pins"] if module else []
-    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, env=full, cwd=ROOT)
+    return subprocess.run([sys.executable, "-S", *command, *args], capture_output=True, text=True, env=full,
+                          cwd=ROOT)
 
 
 def test_the_cli_under_test_is_this_checkouts():
     """Every test here runs `python -m torch_pins` with this checkout's
-    python_bindings on PYTHONPATH; an editable install of another checkout in the
-    venv (a meta path finder, consulted before PYTHONPATH) would run that one's."""
+    python_bindings first on the path and no .pth hook (SITE)."""
     out = cli("-c", "import torch_pins.__main__ as m; print(m.__file__)", module=False)
     assert out.stdout.strip() == os.path.join(ROOT, "python_bindings", "torch_pins", "__main__.py"), out.stdout
 
@@ -100,7 +108,7 @@ def test_demo_outside_a_checkout_says_it_is_part_of_the_source_tree(tmp_path):
     shutil.copytree(package, site / "torch_pins", ignore=shutil.ignore_patterns("__pycache__", "_lib"))
     os.symlink(os.path.join(package, "_lib"), site / "torch_pins" / "_lib")
     # A bad option: a demo reached by mistake stops at once (exit 2) instead of replaying.
-    out = cli("demo", "--policy", "fifo", "--out", str(tmp_path / "out"), PYTHONPATH=str(site))
+    out = cli("demo", "--policy", "fifo", "--out", str(tmp_path / "out"), package_dir=str(site))
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"demo not found (looked at {tmp_path / 'profiling' / 'demo' / 'demo.py'})" in out.stderr, out.stderr
     assert "part of the source tree" in out.stderr and "`make demo` in a clone" in out.stderr, out.stderr
