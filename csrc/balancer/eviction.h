@@ -12,7 +12,7 @@
 // Reach. Within a tier the policy orders:
 //   mru   models most recently loaded first, pins newest first (the default)
 //   lru   models least recently loaded first, pins least recently used first;
-//         no -loaded pins are created (the behaviour before the seed)
+//         no -loaded pins are created (the scheme that cascades, a baseline)
 //   trace the pin whose predicted next use is farthest first (larger first on a
 //         tie), over tiers 1-4 as allowed, while the prompt follows the previous
 //         prompt's recorded accesses; mru for the rest of a prompt that departs

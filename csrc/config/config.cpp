@@ -33,7 +33,7 @@ uint64_t size_value(std::string_view v, std::string_view key) {
   return *n;
 }
 
-// A size as the README's bounds column writes it: "64KiB", "256TiB", "4096".
+// A size as docs/USAGE.md's bounds column writes it: "64KiB", "256TiB", "4096".
 std::string size_text(uint64_t n) {
   for (const auto& [unit, name] : {std::pair{TiB, "TiB"}, {GiB, "GiB"}, {MiB, "MiB"}, {KiB, "KiB"}})
     if (n >= unit && n % unit == 0) return detail::cat(n / unit, name);

@@ -3,7 +3,7 @@
 // or a bad value is a pins::ValueError that names it.
 //
 // Note [Configuration bounds]
-// Every value has bounds, checked by parse_config (the README's Configuration
+// Every value has bounds, checked by parse_config (docs/USAGE.md's Configuration
 // table lists them); a value outside them is a pins::ValueError naming the key
 // and the value. Byte amounts are at most kMaxConfigBytes (2^48, 256 TiB: the
 // user address space of x86-64, and the largest block the pool hands out), so
