@@ -26,7 +26,7 @@ for kind in asan tsan; do
   done
 done
 
-# The torch ops (libpins.so) and their C++ tests (tests/ops/: pins_torch_tests,
+# The torch ops (libpins.so) and their C++ tests (pins_torch_tests, pins_ops_tests,
 # pins_model_tests) under ASan+UBSan, in build-asan-ops/ against the venv's
 # torch (scripts/torch_cmake_args.sh, as scripts/build.sh). libtorch itself is
 # not instrumented; leak checking stays on, and torch 2.13 (CPU) needs no
@@ -41,8 +41,8 @@ if [ -x .venv/bin/python ]; then
       -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF -DPINS_COPY_TO_PACKAGE=OFF \
       -DCMAKE_CXX_FLAGS="$flags -O1" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
   fi
-  cmake --build "$dir" --target pins_torch_tests pins_model_tests
-  for t in pins_torch_tests pins_model_tests; do
+  cmake --build "$dir" --target pins_torch_tests pins_ops_tests pins_model_tests
+  for t in pins_torch_tests pins_ops_tests pins_model_tests; do
     if ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" PINS_MODEL_OPS=${PINS_MODEL_OPS:-10000} \
        "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
       echo "sanitize asan $t: ok"

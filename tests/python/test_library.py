@@ -68,3 +68,23 @@ def test_the_build_records_its_torch_version():
 
     with open(LIB + ".torch") as f:
         assert f.read().strip() == torch.__version__.split("+")[0]
+
+
+def test_the_library_exports_the_public_api_and_nothing_else_of_pins():
+    # include/pins/export.h: every entry point of include/pins/ops/ is exported
+    # (an app links against them), and no other symbol of pins (the core, the
+    # ops' internals) is: a second copy of the core in a process must not bind to it.
+    import glob
+    import re
+
+    out = subprocess.run(["nm", "-D", "-C", "--defined-only", LIB], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    exported = {line.split(" ", 2)[2] for line in out.stdout.splitlines() if line.count(" ") >= 2}
+    ours = sorted(s for s in exported if s.startswith("pins::") or " pins::" in s)
+    declared = set()
+    for header in glob.glob(os.path.join(ROOT, "include", "pins", "ops", "*.h")):
+        declared |= set(re.findall(r"^PINS_API [^(]*?\b(\w+)\(", open(header).read(), re.M))
+    assert len(declared) >= 17, declared
+    names = {re.match(r"pins::ops::(\w+)", s).group(1) for s in ours if s.startswith("pins::ops::")}
+    assert names == declared, (sorted(names ^ declared), ours)
+    assert all(s.startswith("pins::ops::") for s in ours), [s for s in ours if not s.startswith("pins::ops::")]

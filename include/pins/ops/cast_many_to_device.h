@@ -12,6 +12,8 @@
 #include <optional>
 #include <vector>
 
+#include <pins/export.h>
+
 namespace pins::ops {
 
 // Copies `sources` (CPU, dense, non-quantized tensors; their dtypes may differ)
@@ -27,7 +29,7 @@ namespace pins::ops {
 // undefined tensor in `sources`, or any other bad value, is a c10::ValueError
 // naming it. `cast_many_to_device({w, b}, dev)` works (Tensor[] is
 // at::TensorList).
-std::vector<at::Tensor> cast_many_to_device(at::TensorList sources, c10::Device device,
+PINS_API std::vector<at::Tensor> cast_many_to_device(at::TensorList sources, c10::Device device,
                                             std::optional<c10::ScalarType> dtype = std::nullopt,
                                             bool non_blocking = false, int64_t model = -1,
                                             c10::string_view kind = "weights", bool resident = false,

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <optional>
 
+#include <pins/export.h>
+
 namespace pins::ops {
 
 // Copies `source` (a CPU, dense, non-quantized tensor) to `device`, converted to
@@ -20,7 +22,7 @@ namespace pins::ops {
 // the device. A bad value of any argument is a c10::ValueError naming it.
 // The parameter types are the schema's own (str is c10::string_view): the entry
 // point calls the dispatcher typed with decltype(cast_to_device).
-at::Tensor cast_to_device(const at::Tensor& source, c10::Device device,
+PINS_API at::Tensor cast_to_device(const at::Tensor& source, c10::Device device,
                           std::optional<c10::ScalarType> dtype = std::nullopt, bool non_blocking = false,
                           int64_t model = -1, c10::string_view kind = "weights", bool resident = false,
                           std::optional<int64_t> signature = std::nullopt);
@@ -31,10 +33,10 @@ at::Tensor cast_to_device(const at::Tensor& source, c10::Device device,
 // stream, and returns `out`. As ATen's out functions: cast_to_device_out takes
 // `out` first (the rest may default), cast_to_device_outf takes it last, in
 // schema order (its type is the schema's).
-at::Tensor& cast_to_device_outf(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
+PINS_API at::Tensor& cast_to_device_outf(const at::Tensor& source, c10::Device device, std::optional<c10::ScalarType> dtype,
                                 bool non_blocking, int64_t model, c10::string_view kind, bool resident,
                                 std::optional<int64_t> signature, at::Tensor& out);
-at::Tensor& cast_to_device_out(at::Tensor& out, const at::Tensor& source, c10::Device device,
+PINS_API at::Tensor& cast_to_device_out(at::Tensor& out, const at::Tensor& source, c10::Device device,
                                std::optional<c10::ScalarType> dtype = std::nullopt, bool non_blocking = false,
                                int64_t model = -1, c10::string_view kind = "weights", bool resident = false,
                                std::optional<int64_t> signature = std::nullopt);

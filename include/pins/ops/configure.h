@@ -3,12 +3,14 @@
 
 #include <c10/util/string_view.h>
 
+#include <pins/export.h>
+
 namespace pins::ops {
 
 // Applies `conf` (PINS_CONF syntax, "key:value,key:value") on top of the current
 // settings. An unknown key, a bad value, or a change of a host-pool key after the
 // pool exists is a c10::ValueError naming it, and nothing is applied. A monitor
 // that cannot start is a c10::Error, after the rest was applied.
-void configure(c10::string_view conf);
+PINS_API void configure(c10::string_view conf);
 
 }  // namespace pins::ops

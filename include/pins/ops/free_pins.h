@@ -3,11 +3,13 @@
 
 #include <cstdint>
 
+#include <pins/export.h>
+
 namespace pins::ops {
 
 // Frees at least `bytes` of pins along the eviction tiers (the streaming pins of
 // active models only with `evict_active`) and returns the bytes freed. A
 // negative `bytes` is a c10::ValueError.
-int64_t free_pins(int64_t bytes, bool evict_active = false);
+PINS_API int64_t free_pins(int64_t bytes, bool evict_active = false);
 
 }  // namespace pins::ops

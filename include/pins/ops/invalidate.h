@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include <pins/export.h>
+
 namespace pins::ops {
 
 // Drops every pin (of any model and subset, gathered pins included) with
@@ -16,10 +18,10 @@ namespace pins::ops {
 // leased pin, or one with a copy in flight, is detached and freed when
 // released, never served again. `source` must be a CPU, dense, non-quantized
 // tensor (else a c10::ValueError naming it).
-int64_t invalidate(const at::Tensor& source);
+PINS_API int64_t invalidate(const at::Tensor& source);
 
 // Drops every pin of `model` (which stays registered) and returns the bytes
 // dropped. An id that names no registered model is a c10::ValueError.
-int64_t invalidate_model(int64_t model);
+PINS_API int64_t invalidate_model(int64_t model);
 
 }  // namespace pins::ops

@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include <pins/export.h>
+
 namespace pins::ops {
 
 // Every tensor of the safetensors file at `path`, by name, in the order of
@@ -18,6 +20,6 @@ namespace pins::ops {
 // pages are unwritten. A malformed file is a c10::ValueError naming the file
 // and the field; a file that cannot be opened or mapped, a c10::Error naming
 // the path.
-c10::Dict<std::string, at::Tensor> load_file(c10::string_view path);
+PINS_API c10::Dict<std::string, at::Tensor> load_file(c10::string_view path);
 
 }  // namespace pins::ops

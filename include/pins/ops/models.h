@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include <pins/export.h>
+
 namespace pins::ops {
 
 // Registers a model (weights that load and unload together) whose weights are
@@ -15,12 +17,12 @@ namespace pins::ops {
 // fast from disk, so it gets no -loaded pins (as the fast_disk key of the
 // configuration, for this model only). An empty `name` is a c10::ValueError;
 // names may repeat (pins::stats then tells them apart by id).
-int64_t register_model(c10::string_view name, c10::Device load_device, bool fast_disk = false);
+PINS_API int64_t register_model(c10::string_view name, c10::Device load_device, bool fast_disk = false);
 
 // Forgets `model` and frees all its pins.
-void forget_model(int64_t model);
+PINS_API void forget_model(int64_t model);
 
 // Marks `model` as executing now (or no longer), then runs the RAM-pressure check.
-void set_active(int64_t model, bool active);
+PINS_API void set_active(int64_t model, bool active);
 
 }  // namespace pins::ops

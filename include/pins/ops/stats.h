@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include <pins/export.h>
+
 namespace pins::ops {
 
 // Every counter of the balancer and the host pool, by name ("hits",
@@ -13,10 +15,10 @@ namespace pins::ops {
 // model's counters appear twice: under "model.<id>." and under
 // "model.<name>.", where a name registered more than once (or made only of
 // digits) reads "<name>#<id>" for all but the lowest id.
-c10::Dict<std::string, int64_t> stats();
+PINS_API c10::Dict<std::string, int64_t> stats();
 
 // A few lines for people: pins and bytes per subset, hits, misses and hit rate,
 // casts bypassed by reason, plain copies, what was freed, and one line per model.
-std::string summary();
+PINS_API std::string summary();
 
 }  // namespace pins::ops
