@@ -10,8 +10,11 @@ build: setup
 	@bash scripts/build.sh
 
 # The demo: a scaled WAN 2.2 workflow replayed through pins on real safetensors files
-# (written to build/demo/models on the first run), per policy, against pins-sim's prediction.
-demo: build
+# (written to build/demo/models on the first run), per policy, against pins-sim's
+# prediction. It builds only what it runs: libpins.so and torch_pins._C, copied
+# into the package (pins_python_lib), and pins-sim.
+demo: setup
+	@bash scripts/build.sh pins_python_lib pins-sim
 	@.venv/bin/python profiling/demo/demo.py
 
 test: build
