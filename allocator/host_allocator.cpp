@@ -1,6 +1,7 @@
 #include "allocator/host_allocator.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/Event.h>
 #include <c10/core/StorageImpl.h>
 

@@ -1,6 +1,8 @@
 #include "ops/cast_path.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>

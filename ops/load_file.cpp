@@ -3,7 +3,8 @@
 // pins] in csrc/files/mapped.h).
 #include <pins/ops/load_file.h>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
