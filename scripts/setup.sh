@@ -25,7 +25,9 @@ req=python_bindings/requirements-dev.txt
 if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ] || [ python_bindings/pyproject.toml -nt "$stamp" ]; then
   echo "setup: creating .venv (torch from local wheels)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/pip install -q -r "$req"
+  # --no-compile: byte-compiling all of torch at install takes longer than the
+  # few modules a run imports take to compile on first import.
+  .venv/bin/pip install -q --no-compile -r "$req"
   # The torch_pins package, editable: imported in place from python_bindings/, it
   # loads the libpins.so the build copies into it. No CMake run here (pyproject.toml,
   # the editable override): the library is built once, into build/.
