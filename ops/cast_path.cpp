@@ -122,6 +122,12 @@ Lease lease_pin(const Request& r, c10::ArrayRef<at::Tensor> sources) {
   return translate([&] { return bal.acquire(r, [&] { return storage_guard(sources); }); });
 }
 
+Lease lease_source(const at::Tensor& source, int64_t model, Kind kind, bool resident,
+                   std::optional<int64_t> signature, const char* op) {
+  if (model == -1) return lease_pin(Request{}, source);  // Request's model is -1
+  return lease_pin(source_request(source, model, kind, resident, signature, op), source);
+}
+
 // ------------------------------------------------------------------ 3. fill
 
 at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like) {

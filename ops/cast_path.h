@@ -49,6 +49,10 @@ Request source_request(const at::Tensor& source, int64_t model, Kind kind, bool 
 // pin, making it within the budget, or serves the cast from the sources and
 // counts why. A model that is not registered is a c10::ValueError naming r.op.
 Lease lease_pin(const Request& r, c10::ArrayRef<at::Tensor> sources);
+// lease_pin(source_request(...), source) for one source; a plain copy by
+// request (model -1) does not read the source's identity.
+Lease lease_source(const at::Tensor& source, int64_t model, Kind kind, bool resident,
+                   std::optional<int64_t> signature, const char* op);
 
 // ---- 3. fill
 

@@ -61,7 +61,7 @@ at::Tensor cast_to_device_kernel(const at::Tensor& source, c10::Device device, s
   // Weights are served for inference: no autograd graph through the pin copies.
   at::NoGradGuard no_grad;
   PINS_RANGE("pins::cast_to_device");
-  Lease lease = lease_pin(source_request(source, model, k, resident, signature, "cast_to_device"), source);
+  Lease lease = lease_source(source, model, k, resident, signature, "cast_to_device");
   return cast_through(lease, source, device, dtype, non_blocking);
 }
 
@@ -89,7 +89,7 @@ at::Tensor& cast_to_device_out_kernel(const at::Tensor& source, c10::Device devi
                     out.scalar_type());
   at::NoGradGuard no_grad;
   PINS_RANGE("pins::cast_to_device.out");
-  Lease lease = lease_pin(source_request(source, model, k, resident, signature, "cast_to_device"), source);
+  Lease lease = lease_source(source, model, k, resident, signature, "cast_to_device");
   cast_through_into(lease, source, out, non_blocking);
   return out;
 }
