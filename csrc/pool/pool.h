@@ -14,7 +14,7 @@
 // it stays committed (and locked) for reuse until the idle bytes pass the
 // retain limit (PoolOptions::retain_free at first; set_retain_free() moves it:
 // the balancer sets it from its budget, Note [Warm idle memory] in
-// csrc/balancer/balancer.cpp) or trim() is called, and then it is unlocked,
+// csrc/balancer/budget_gate.h) or trim() is called, and then it is unlocked,
 // decommitted (RSS drops) and its range coalesces back into the segment's free
 // address space; a segment with nothing committed is released.
 //

@@ -27,7 +27,7 @@ class MemoryProbe {
   virtual ~MemoryProbe() = default;
   virtual MemoryInfo read() = 0;
   // How long a reading may stand for the system (Note [Memory readings] in
-  // csrc/balancer/balancer.cpp): the balancer reuses it that long, adjusted by
+  // csrc/balancer/budget_gate.h): the balancer reuses it that long, adjusted by
   // its own pool's commits. 0 (models of memory: tests, the simulator): read
   // every time.
   virtual int64_t max_age_ns() const { return 0; }

@@ -22,7 +22,7 @@
 //   sweep       Balancer::sweep() alone (no source died): the check of every
 //               pin's source that only the free_pins op runs now; decisions and
 //               boundaries check a bounded number of ring slots instead
-//               (Note [Dead source reclaim] in csrc/balancer/balancer.h); the
+//               (Note [Dead source reclaim] in csrc/balancer/reclaim_ring.h); the
 //               rest of a decision is the eviction walk (Note [Eviction walk]).
 // Growth ratios are the figure at the largest N over the one at the smallest;
 // decision_growth_over_floor divides a policy's by the growth of the index

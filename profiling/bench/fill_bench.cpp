@@ -7,7 +7,7 @@
 //          balancer does under pressure (Balancer::free), so the next new pin
 //          gets fresh pages.
 //          The evicted pin's memory stays committed within the budget (Note
-//          [Warm idle memory] in csrc/balancer/balancer.cpp), so this new pin
+//          [Warm idle memory] in csrc/balancer/budget_gate.h), so this new pin
 //          reuses warm pages.
 //   cold   the same new pin into pages never touched: its model forgotten and
 //          the pool trimmed to nothing after each, so every pin commits (and

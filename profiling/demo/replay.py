@@ -534,6 +534,7 @@ def main(spec_path: str) -> int:
                                 "cached_after_drop_bytes": cached_after_drop}, replay, results)
     return 0
 
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         print("usage: replay.py SPEC.json (demo.py writes the spec and runs this)", file=sys.stderr)
