@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -35,17 +36,110 @@ const DtypeName& entry(Dtype d) {
   throw std::logic_error("safetensors: a Dtype without a name");
 }
 
-// "model.safetensors: tensor \"w\": " and the like.
-std::string where(const std::string& file, const std::string& tensor) {
-  return tensor.empty() ? file + ": " : detail::cat(file, ": tensor \"", tensor, "\": ");
+// What an error quotes of the header: at most this many characters, so a
+// message never echoes a megabyte of header, and the quoting of a value
+// recurses at most this deep however deep the JSON nests.
+constexpr size_t kShown = 80;
+
+// `text` as a JSON string, appended to `out` up to kShown characters in all.
+// The header is UTF-8 (checked before it is parsed); control characters are
+// escaped, so a message stays one line.
+void quote(std::string_view text, std::string& out) {
+  out += '"';
+  for (const char c : text) {
+    if (out.size() > kShown) return;
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned>(c));
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
 }
 
-// A JSON value as its text, cut short: an error quotes what it got without
-// echoing a megabyte of header.
-std::string shown(const nlohmann::json& v) {
-  std::string s = v.dump();
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
+// `v` as JSON text, appended to `out` until it holds more than kShown
+// characters: each level of nesting appends a bracket before it recurses, so
+// the recursion is at most kShown + 1 deep.
+void show(const nlohmann::json& v, std::string& out) {
+  if (out.size() > kShown) return;
+  if (v.is_string()) return quote(v.get_ref<const std::string&>(), out);
+  if (!v.is_structured()) {
+    out += v.dump();  // a number, a boolean or null
+    return;
+  }
+  const bool object = v.is_object();
+  out += object ? '{' : '[';
+  bool first = true;
+  for (auto it = v.begin(); it != v.end() && out.size() <= kShown; ++it) {
+    if (!first) out += ',';
+    first = false;
+    if (object) {
+      quote(it.key(), out);
+      out += ':';
+    }
+    show(it.value(), out);
+  }
+  out += object ? '}' : ']';
+}
+
+// A JSON value, or a name from the header, as an error quotes it: cut short.
+std::string cut(std::string s) {
+  if (s.size() > kShown) s = s.substr(0, kShown - 3) + "...";
   return s;
+}
+std::string shown(const nlohmann::json& v) {
+  std::string s;
+  show(v, s);
+  return cut(std::move(s));
+}
+std::string in_quotes(std::string_view text) {
+  std::string s;
+  quote(text, s);
+  return cut(std::move(s));
+}
+
+// "model.safetensors: tensor \"w\": " and the like.
+std::string where(const std::string& file, const std::string& tensor) {
+  return tensor.empty() ? file + ": " : detail::cat(file, ": tensor ", in_quotes(tensor), ": ");
+}
+
+// The offset of the first byte of `s` that does not begin a well-formed UTF-8
+// sequence (RFC 3629: no overlong form, no surrogate, nothing past U+10FFFF),
+// or npos.
+size_t invalid_utf8(std::string_view s) {
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = b[i];
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (n - i < len || b[i + 1] < lo || b[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k)
+      if (b[i + k] < 0x80 || b[i + k] > 0xBF) return i;
+    i += len;
+  }
+  return std::string_view::npos;
 }
 
 uint64_t to_u64(const nlohmann::json& v, const std::string& at, const char* field) {
@@ -69,7 +163,7 @@ TensorInfo parse_tensor(const std::string& name, const nlohmann::json& v, uint64
   PINS_CHECK_VALUE(dt.is_string(), at, "dtype: expected a string, got ", shown(dt));
   const std::string dname = dt.get<std::string>();
   const auto it = std::find_if(std::begin(kDtypes), std::end(kDtypes), [&](const DtypeName& e) { return dname == e.name; });
-  PINS_CHECK_VALUE(it != std::end(kDtypes), at, "dtype: unknown dtype \"", dname, "\"");
+  PINS_CHECK_VALUE(it != std::end(kDtypes), at, "dtype: unknown dtype ", in_quotes(dname));
   t.dtype = it->dtype;
 
   const nlohmann::json& sh = v["shape"];
@@ -129,6 +223,13 @@ Header parse_header(std::string_view bytes, uint64_t file_size, const std::strin
                    " bytes)");
   PINS_CHECK_VALUE(bytes.size() - 8 >= n, at, "truncated: the header's ", n, " bytes were not all read (got ",
                    bytes.size() - 8, ")");
+  const std::string_view text = bytes.substr(8, n);
+  if (const size_t bad = invalid_utf8(text); bad != std::string_view::npos) {
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned>(static_cast<unsigned char>(text[bad])));
+    throw ValueError(detail::cat(at, "header: not UTF-8 at byte ", bad, " of the header (", byte,
+                                 "; the format's header is UTF-8 JSON)"));
+  }
   Header h;
   h.data_start = 8 + n;
   h.file_size = file_size;
@@ -136,34 +237,46 @@ Header parse_header(std::string_view bytes, uint64_t file_size, const std::strin
 
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(bytes.substr(8, n));
+    doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw ValueError(detail::cat(at, "header: not valid JSON (", e.what(), ")"));
   }
   PINS_CHECK_VALUE(doc.is_object(), at, "header: expected a JSON object, got ", shown(doc));
   for (const auto& [name, v] : doc.items()) {
     if (name == "__metadata__") {
+      if (v.is_null()) continue;  // no metadata, as safetensors' reader reads it
       PINS_CHECK_VALUE(v.is_object(), at, "__metadata__: expected an object of strings, got ", shown(v));
       for (const auto& [k, s] : v.items()) {
-        PINS_CHECK_VALUE(s.is_string(), at, "__metadata__ \"", k, "\": expected a string, got ", shown(s));
+        PINS_CHECK_VALUE(s.is_string(), at, "__metadata__ ", in_quotes(k), ": expected a string, got ", shown(s));
         h.metadata[k] = s.get<std::string>();
       }
       continue;
     }
     h.tensors.push_back(parse_tensor(name, v, data_bytes, file));
   }
-  // No two tensors share a byte (empty tensors occupy none).
+  // In the order of their offsets the tensors tile the data section.
   std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   const TensorInfo* last = nullptr;
+  uint64_t covered = 0;  // the data section's bytes [0, covered) belong to the tensors so far
   for (const TensorInfo& t : h.tensors) {
-    if (t.nbytes() == 0) continue;
-    PINS_CHECK_VALUE(last == nullptr || last->end <= t.begin, where(file, t.name), "data_offsets [", t.begin, ", ",
-                     t.end, "] overlap tensor \"", last ? last->name : "", "\" [", last ? last->begin : 0, ", ",
-                     last ? last->end : 0, "]");
+    const std::string here = detail::cat(where(file, t.name), "data_offsets [", t.begin, ", ", t.end, "] ");
+    PINS_CHECK_VALUE(t.begin >= covered, here, "overlap tensor ", in_quotes(last->name), " [", last->begin, ", ",
+                     last->end, "]");
+    if (last == nullptr) {
+      PINS_CHECK_VALUE(t.begin == 0, here, "leave the data section's first ", t.begin,
+                       " bytes to no tensor (the format allows no gap)");
+    } else {
+      PINS_CHECK_VALUE(t.begin == covered, here, "leave a gap of ", t.begin - covered, " bytes after tensor ",
+                       in_quotes(last->name), " [", last->begin, ", ", last->end, "] (the format allows no gap)");
+    }
+    covered = t.end;
     last = &t;
   }
+  PINS_CHECK_VALUE(covered == data_bytes, at, "the data section holds ", data_bytes - covered,
+                   " bytes past the last tensor's end (", covered, " of ", data_bytes,
+                   "; the format allows no trailing bytes)");
   return h;
 }
 

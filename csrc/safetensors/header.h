@@ -12,10 +12,18 @@
 // - the dtype is one the format defines (element size in bits, so sub-byte
 //   types size correctly); every dimension and the element count fit in
 //   uint64 without overflow;
-// - begin <= end <= the data section's length, end - begin equals the
-//   element count times the element size, and no two tensors overlap.
-// Gaps between tensors are allowed (the format's writers leave none, but a
-// reader loses nothing by accepting them: no byte is read twice or outside).
+// - the header is UTF-8, as the format requires (an error quoting a name from
+//   it is text any caller can print);
+// - begin <= end <= the data section's length, and end - begin equals the
+//   element count times the element size;
+// - in the order of their offsets the tensors tile the data section: the
+//   first begins at 0, each where the previous one ended (an empty tensor
+//   too), the last ends at the end of the file. safetensors' own reader
+//   refuses gaps and trailing bytes as well, so a file pins loads is one any
+//   reader of the format loads.
+// "__metadata__" may be null (no metadata), as safetensors' reader allows.
+// The JSON may nest as deep as it likes: nothing here recurses on it but the
+// quoting of a value in an error, which stops at 80 characters.
 // An error is a pins::ValueError naming the file and the field: `<file>:
 // tensor "<name>": data_offsets [10, 4]: end before begin`.
 #pragma once

@@ -107,6 +107,89 @@ TEST(SafetensorsHeader, EveryMalformedFieldIsNamed) {
   }
 }
 
+// A value nested `depth` arrays deep: the quoting of it in an error must not
+// recurse as deep (it stops at the characters it shows).
+std::string nested(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+TEST(SafetensorsHeader, ADeeplyNestedValueIsAnErrorNotAStackOverflow) {
+  const size_t depth = 100000;  // a 200 KB header
+  struct Case {
+    std::string json;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {R"({"w":)" + nested(depth) + "}", "tensor \"w\": expected an object with dtype, shape and data_offsets, got [[[["},
+      {R"({"w":{"dtype":"F16","shape":)" + nested(depth) + R"(,"data_offsets":[0,0]}})",
+       "shape: expected a non-negative integer, got [[[["},
+      {R"({"__metadata__":)" + nested(depth) + "}", "__metadata__: expected an object of strings, got [[[["},
+      {R"({"__metadata__":{"k":)" + nested(depth) + "}}", "__metadata__ \"k\": expected a string, got [[[["},
+      {nested(depth), "header: expected a JSON object, got [[[["},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.says);
+    const std::string msg = error_of(file_bytes(c.json, 0));
+    EXPECT_NE(msg.find(c.says), std::string::npos) << msg.substr(0, 300);
+    EXPECT_LT(msg.size(), 400u) << "an error quotes at most 80 characters of the header";
+  }
+}
+
+TEST(SafetensorsHeader, AHeaderThatIsNotUtf8IsNamedAtItsByte) {
+  // Bytes a text decoder refuses: the error says where, and is itself printable.
+  const std::vector<std::string> bad = {"\xff", "\xc0\xaf", "\xe0\x80\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80",
+                                        "\xc3", "\xe2\x82"};
+  for (const std::string& b : bad) {
+    const std::string json = R"({"w)" + b + R"(":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+    const std::string msg = error_of(file_bytes(json, 1));
+    EXPECT_NE(msg.find("header: not UTF-8 at byte 3 of the header"), std::string::npos) << msg;
+    for (const char c : msg) EXPECT_LT(static_cast<unsigned char>(c), 0x80) << msg;
+  }
+  // Well-formed multi-byte names are fine, and so quoted.
+  const std::string ok = R"({"é€😀":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  EXPECT_EQ(parse(file_bytes(ok, 1)).tensors.at(0).name, "é€😀");
+  const std::string msg = error_of(file_bytes(R"({"é€😀":{"dtype":"U9","shape":[1],"data_offsets":[0,1]}})", 1));
+  EXPECT_NE(msg.find("tensor \"é€😀\": dtype: unknown dtype \"U9\""), std::string::npos) << msg;
+}
+
+TEST(SafetensorsHeader, AcceptsWhatSafetensorsReaderAcceptsAndRefusesWhatItRefuses) {
+  // "__metadata__": null is no metadata.
+  const Header h = parse(file_bytes(R"({"__metadata__":null,"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 2));
+  EXPECT_TRUE(h.metadata.empty());
+  EXPECT_EQ(h.tensors.size(), 1u);
+  // An empty tensor of a shape whose strides would overflow: its bytes are none.
+  const Header e = parse(file_bytes(R"({"e":{"dtype":"F32","shape":[0,4294967296,4294967296,4294967296],)"
+                                    R"("data_offsets":[0,0]}})",
+                                    0));
+  EXPECT_EQ(e.tensors.at(0).nbytes(), 0u);
+  // The tensors tile the data section: no gap before, between or after them.
+  struct Case {
+    std::string json;
+    uint64_t data;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[8,12]}})", 12,
+       "tensor \"b\": data_offsets [8, 12] leave a gap of 4 bytes after tensor \"a\" [0, 4]"},
+      {R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})", 6,
+       "tensor \"a\": data_offsets [2, 6] leave the data section's first 2 bytes to no tensor"},
+      {R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 12, "holds 8 bytes past the last tensor's end"},
+      {R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}})", 4,
+       "tensor \"e\": data_offsets [2, 2] overlap tensor \"a\" [0, 4]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.says);
+    const std::string msg = error_of(file_bytes(c.json, c.data));
+    EXPECT_NE(msg.find(c.says), std::string::npos) << msg;
+  }
+}
+
+TEST(SafetensorsHeader, AQuotedNameIsCutShort) {
+  const std::string name(100000, 'n');
+  const std::string msg =
+      error_of(file_bytes(R"({")" + name + R"(":{"dtype":"U9","shape":[1],"data_offsets":[0,1]}})", 1));
+  EXPECT_NE(msg.find("dtype: unknown dtype \"U9\""), std::string::npos) << msg.substr(0, 300);
+  EXPECT_LT(msg.size(), 300u) << msg.substr(0, 300);
+}
+
 TEST(SafetensorsHeader, AHeaderNotAllReadIsTruncatedNotReadPastItsEnd) {
   const std::string whole = file_bytes("{}", 10);
   // The caller read only 9 bytes of a file that holds them all.
