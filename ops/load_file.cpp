@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -47,6 +48,24 @@ c10::ScalarType scalar_type(safetensors::Dtype d, const std::string& file, const
                     " has no torch dtype to load it as");
 }
 
+// Row-major strides of `sizes`. The header bounds a tensor's bytes, so they
+// fit in int64 for any tensor with elements; an empty one may have a shape
+// whose strides do not ([0, 2^32, 2^32, 2^32]: torch's own stride computation
+// refuses it). Its outer strides are then 0, as safetensors' reader makes
+// them: no element is ever addressed through them.
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  bool past = false;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    strides[d] = past ? 0 : stride;
+    const int64_t n = std::max<int64_t>(sizes[d], 1);
+    if (!past && stride > INT64_MAX / n) past = true;
+    if (!past) stride *= n;
+  }
+  return strides;
+}
+
 c10::Dict<std::string, at::Tensor> load_file_kernel(c10::string_view path_view) {
   const std::string path(path_view);
   TORCH_CHECK_VALUE(!path.empty(), "load_file: path must name a file, got ''");
@@ -67,7 +86,8 @@ c10::Dict<std::string, at::Tensor> load_file_kernel(c10::string_view path_view) 
     const c10::ScalarType st = scalar_type(t.dtype, path, t.name);
     char* data = file->data() + h.data_start + t.begin;
     // Each tensor holds the mapping: it is unmapped with the last of them.
-    at::Tensor x = at::from_blob(data, sizes, [file](void*) {}, at::TensorOptions().dtype(st).device(at::kCPU));
+    at::Tensor x = at::from_blob(data, sizes, contiguous_strides(sizes), [file](void*) {},
+                                 at::TensorOptions().dtype(st).device(at::kCPU));
     out.insert(t.name, std::move(x));
   }
   return out;

@@ -36,16 +36,17 @@ constexpr uint64_t kPage = 4096;
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   std::shared_ptr<MappedFile> f(new MappedFile);
   f->path_ = path;
-  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f->fd_ < 0) throw ResourceError(detail::cat(path, ": cannot open (", std::strerror(errno), ")"));
+  f->fd_ = open_regular(path);
   struct stat st {};
   if (::fstat(f->fd_, &st) != 0) throw ResourceError(detail::cat(path, ": cannot stat (", std::strerror(errno), ")"));
-  PINS_CHECK_VALUE(S_ISREG(st.st_mode), path, ": not a regular file");
   f->size_ = static_cast<uint64_t>(st.st_size);
   if (f->size_ > 0) {
     // Read-write and private: writes through the tensors stay in this process
-    // (copy-on-write), the file is never changed.
-    void* base = ::mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd_, 0);
+    // (copy-on-write), the file is never changed. MAP_NORESERVE: a private
+    // writable mapping is otherwise charged in full against the memory the
+    // kernel may commit, and a model larger than RAM could not be mapped at
+    // all; pages are charged as they are written instead.
+    void* base = ::mmap(nullptr, f->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, f->fd_, 0);
     if (base == MAP_FAILED) throw ResourceError(detail::cat(path, ": cannot map (", std::strerror(errno), ")"));
     f->base_ = base;
   }

@@ -1,6 +1,7 @@
 #include "csrc/files/read.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -110,6 +111,42 @@ void read_chunk(const ReadResult& how, int fd, int direct_fd, const std::string&
 }
 
 }  // namespace
+
+namespace {
+
+// What a file that is not a regular one is, for the error refusing it.
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+int open_regular(const std::string& path) {
+  PINS_CHECK_VALUE(path.find('\0') == std::string::npos, "path has a NUL byte at ", path.find('\0'),
+                   " (the system would open '", path.c_str(), "')");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0)
+    PINS_CHECK_VALUE(S_ISREG(st.st_mode), path, ": not a regular file (", kind_of(st.st_mode), ")");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw ResourceError(detail::cat(path, ": cannot open (", std::strerror(errno), ")"));
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw ResourceError(detail::cat(path, ": cannot stat (", std::strerror(err), ")"));
+  }
+  if (!S_ISREG(st.st_mode)) {  // replaced by something else between the two looks
+    ::close(fd);
+    throw ValueError(detail::cat(path, ": not a regular file (", kind_of(st.st_mode), ")"));
+  }
+  // Reads of a regular file never block on O_NONBLOCK's account; cleared all the same.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
 
 int open_direct(int fd) {
   const std::string self = "/proc/self/fd/" + std::to_string(fd);

@@ -58,4 +58,13 @@ ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t o
 // -1 where the filesystem refuses it.
 int open_direct(int fd);
 
+// `path` opened for reading, a regular file: anything else (a FIFO, a
+// directory, a device, a socket) is a pins::ValueError naming the path and what
+// it is, raised before anything could block on it (a FIFO's open waits for a
+// writer: the path is checked first and opened non-blocking, then checked
+// again on the descriptor). A path with a NUL byte is a pins::ValueError (the
+// system would open the file its prefix names); one that cannot be opened, a
+// pins::ResourceError naming it and why.
+int open_regular(const std::string& path);
+
 }  // namespace pins::files

@@ -1,6 +1,5 @@
 #include "csrc/safetensors/header.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "csrc/base/check.h"
+#include "csrc/files/read.h"
 
 namespace pins::safetensors {
 namespace {
@@ -281,15 +281,13 @@ Header parse_header(std::string_view bytes, uint64_t file_size, const std::strin
 }
 
 Header read_header(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw ResourceError(detail::cat(path, ": cannot open (", std::strerror(errno), ")"));
+  const int fd = files::open_regular(path);
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw ResourceError(detail::cat(path, ": cannot stat (", std::strerror(errno), ")"));
-  PINS_CHECK_VALUE(S_ISREG(st.st_mode), path, ": not a regular file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   // The length first, checked, then exactly the header: a hostile length
   // never sizes an allocation beyond the format's cap or the file.

@@ -137,6 +137,10 @@ def test_torchscript_calls_the_op(pins, weights):
       "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]}}, b"\0" * 6, 'overlap tensor "a"'),
     ({"w": {"dtype": "F32", "shape": [2 ** 40, 2 ** 40], "data_offsets": [0, 4]}}, b"\0" * 4, "overflows 64 bits"),
     ({"w": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [0, 3]}}, b"\0" * 3, "has no torch dtype"),
+    # As safetensors' reader: the tensors tile the data section.
+    ({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+      "b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]}}, b"\0" * 12, "leave a gap of 4 bytes after tensor"),
+    ({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}, b"\0" * 9, "holds 5 bytes past the last tensor"),
 ])
 def test_malformed_files_raise_value_error_naming_file_and_field(pins, tmp_path, header, data, says):
     path = write_safetensors(tmp_path / "bad.safetensors", header, data)
@@ -213,3 +217,106 @@ def test_random_loads_writes_and_casts_stay_bit_exact(pins, model, tmp_path):
     after = pins.stats()
     assert after["file_fills"] > before["file_fills"], "no pin was filled from a file"
     assert after["file_fills_written"] > before["file_fills_written"], "no written tensor was pinned"
+
+
+def test_safetensors_reader_and_pins_accept_and_refuse_the_same_files(pins, tmp_path):
+    """Files at the edges of the format: pins loads what safetensors' own reader
+    loads (the same shapes and strides) and refuses what it refuses."""
+    accepted = {
+        "null_metadata": ({"__metadata__": None, "w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, b"ab"),
+        # An empty tensor whose row-major strides pass int64: torch.empty refuses the shape.
+        "huge_empty": ({"e": {"dtype": "F32", "shape": [0, 2 ** 32, 2 ** 32, 2 ** 32], "data_offsets": [0, 0]}}, b""),
+    }
+    for name, (header, data) in accepted.items():
+        path = write_safetensors(tmp_path / f"{name}.safetensors", header, data)
+        theirs, ours = safetensors_torch.load_file(path), pins.load_file(path)
+        assert set(ours) == set(theirs), name
+        for k in ours:
+            assert ours[k].shape == theirs[k].shape and ours[k].stride() == theirs[k].stride(), (name, k)
+            assert ours[k].numel() == 0 or torch.equal(ours[k], theirs[k]), (name, k)
+    refused = {
+        "gap": ({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+                 "b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]}}, bytes(12)),
+        "trailing": ({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}, bytes(8)),
+    }
+    for name, (header, data) in refused.items():
+        path = write_safetensors(tmp_path / f"{name}.safetensors", header, data)
+        with pytest.raises(Exception):
+            safetensors_torch.load_file(path)
+        with pytest.raises(ValueError, match=path):
+            pins.load_file(path)
+
+
+def test_a_header_that_is_not_utf8_raises_value_error_naming_the_file(pins, tmp_path):
+    text = b'{"w\xff": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+    path = tmp_path / "latin1.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"x")
+    with pytest.raises(ValueError) as e:
+        pins.load_file(path)
+    assert str(path) in str(e.value) and "not UTF-8 at byte 3 of the header (0xff" in str(e.value), str(e.value)
+
+
+def test_a_deeply_nested_header_raises_value_error(pins, tmp_path):
+    levels = 100_000  # a 200 KB header: the quoting of it in an error once overflowed the stack
+    for i, value in enumerate(["[" * levels + "]" * levels, '{"k":' * levels + "1" + "}" * levels]):
+        for field in ('{"w": %s}', '{"w": {"dtype": "F16", "shape": %s, "data_offsets": [0, 0]}}',
+                      '{"__metadata__": %s}'):
+            text = (field % value).encode()
+            path = tmp_path / f"deep{i}.safetensors"
+            path.write_bytes(struct.pack("<Q", len(text)) + text)
+            with pytest.raises(ValueError) as e:
+                pins.load_file(path)
+            assert str(path) in str(e.value) and len(str(e.value)) < 400, str(e.value)[:400]
+
+
+def _load_in_a_child(path, timeout=20):
+    """pins.load_file(path) in a child process: (exit status, stderr); a hang is a timeout."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, torch_pins as pins\n"
+            "try:\n    pins.load_file(sys.argv[1])\n"
+            "except (ValueError, RuntimeError) as e:\n    print(type(e).__name__, e, file=sys.stderr); sys.exit(3)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python_bindings"))
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=env,
+                         timeout=timeout)
+    return out.returncode, out.stderr
+
+
+def test_anything_but_a_regular_file_is_refused_without_blocking(pins, tmp_path):
+    import os
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    rc, err = _load_in_a_child(str(fifo))  # opening a FIFO for reading waits for a writer: a timeout here
+    assert rc == 3 and f"ValueError {fifo}: not a regular file (a FIFO)" in err, err
+    for path, kind in [(str(tmp_path), "a directory"), ("/dev/null", "a character device")]:
+        with pytest.raises(ValueError, match=f"not a regular file \\({kind}\\)"):
+            pins.load_file(path)
+
+
+def test_a_path_with_a_nul_byte_is_refused(pins, weights):
+    path, _ = weights
+    with pytest.raises(ValueError, match="path has a NUL byte at"):
+        pins.load_file(path + "\0.ignored")
+
+
+def test_a_model_larger_than_ram_maps(pins, tmp_path):
+    """A file larger than RAM (sparse: no disk blocks) maps, and its tensors read:
+    the mapping is charged as pages are written, not at once."""
+    if open("/proc/sys/vm/overcommit_memory").read().strip() == "2":
+        pytest.skip("vm.overcommit_memory=2 (strict) charges every private writable mapping whatever the flags")
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    ram = (int(meminfo["MemTotal"].split()[0]) + int(meminfo["SwapTotal"].split()[0])) * 1024
+    n = ram + (8 << 30)
+    text = json.dumps({"w": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    path = tmp_path / "larger_than_ram.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        f.truncate(8 + len(text) + n)
+    w = pins.load_file(path)["w"]
+    assert w.numel() == n
+    assert int(w[:4096].sum()) == 0 and int(w[-4096:].sum()) == 0  # holes read as zeros
+    w[-1] = 7  # one page written: one page charged
+    assert int(w[-1]) == 7 and path.stat().st_blocks * 512 < (1 << 20)  # the file is never written
