@@ -7,17 +7,17 @@
 
 #include <cstring>
 
+#include "csrc/base/check.h"
 #include "csrc/runtime/runtime.h"
 
 namespace pins {
 namespace {
 
 // The pool of the process-wide Runtime, which is never destroyed: a tensor
-// freed during static destruction still finds it.
-HostPool& pool() { return Runtime::get().pool(); }
-
+// freed during static destruction still finds it. A block exists only once
+// torch_pool() admitted the pool.
 void delete_block(void* ptr) {
-  if (ptr != nullptr) pool().free(ptr);
+  if (ptr != nullptr) Runtime::get().pool().free(ptr);
 }
 
 class EventFence final : public Fence {
@@ -35,9 +35,22 @@ c10::DataPtr wrap(void* p) {
 
 }  // namespace
 
+HostPool& torch_pool() {
+  HostPool* pool = nullptr;
+  try {
+    pool = &Runtime::get().pool();
+  } catch (const ValueError& e) {
+    TORCH_CHECK_VALUE(false, e.what());  // a bad PINS_CONF (Note [Error types] in ops/library.cpp)
+  }
+  TORCH_CHECK_VALUE(pool->backend().holds_bytes(), "PINS_CONF key 'backend' is '", pool->stats().backend,
+                    "', which keeps address bookkeeping only (no memory behind a pin: the simulator's); the torch "
+                    "ops need 'cpu', 'cuda' or 'auto'");
+  return *pool;
+}
+
 c10::DataPtr TorchHostAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return wrap(nullptr);
-  return wrap(pool().allocate(nbytes));
+  return wrap(torch_pool().allocate(nbytes));
 }
 
 c10::DeleterFnPtr TorchHostAllocator::raw_deleter() const { return &delete_block; }
@@ -55,7 +68,7 @@ at::Tensor try_empty_pinned(c10::IntArrayRef sizes, c10::ScalarType dtype, bool 
   int64_t numel = 1;
   for (int64_t s : sizes) numel *= s;
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  void* p = nbytes == 0 ? nullptr : pool().try_allocate(nbytes, lock);
+  void* p = nbytes == 0 ? nullptr : torch_pool().try_allocate(nbytes, lock);
   if (nbytes != 0 && p == nullptr) return {};
   auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, wrap(p),
                                                        &torch_host_allocator(), /*resizable=*/false);
@@ -65,7 +78,7 @@ at::Tensor try_empty_pinned(c10::IntArrayRef sizes, c10::ScalarType dtype, bool 
 
 void record_stream(const void* data, c10::Stream stream) {
   if (data == nullptr || stream.device_type() == c10::DeviceType::CPU) return;  // CPU work is synchronous
-  pool().record_fence(const_cast<void*>(data), std::make_shared<EventFence>(stream));
+  Runtime::get().pool().record_fence(const_cast<void*>(data), std::make_shared<EventFence>(stream));
 }
 
 }  // namespace pins

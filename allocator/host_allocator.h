@@ -19,8 +19,13 @@ class TorchHostAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 };
 
-// The process-wide adapter (over Runtime::get().pool()). Its first use builds the
-// Runtime from PINS_CONF: a bad PINS_CONF throws pins::ValueError.
+// The process-wide runtime's pool, for what torch writes into: a c10::ValueError
+// naming PINS_CONF's `backend` when it holds no bytes (backend:null keeps
+// address bookkeeping only: a copy into one of its blocks would fault).
+// Building the runtime on first use, a bad PINS_CONF is a c10::ValueError too.
+HostPool& torch_pool();
+
+// The process-wide adapter (over torch_pool()).
 TorchHostAllocator& torch_host_allocator();
 
 // An empty CPU tensor whose storage is a pool block; undefined when the pool

@@ -8,6 +8,7 @@
 
 #include <utility>
 
+#include "allocator/host_allocator.h"
 #include "csrc/base/check.h"
 #include "csrc/runtime/runtime.h"
 
@@ -24,8 +25,11 @@ auto translate(F&& f) -> decltype(f()) {
   }
 }
 
+// The process-wide balancer, over a pool whose blocks hold bytes (torch_pool()
+// refuses backend:null, naming the key).
 inline Balancer& balancer() {
-  return translate([]() -> Balancer& { return Runtime::get().balancer(); });
+  torch_pool();
+  return Runtime::get().balancer();
 }
 
 // The C++ type of a kernel that takes its DispatchKeySet first (to redispatch

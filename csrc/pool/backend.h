@@ -31,6 +31,10 @@ class HostBackend {
   virtual size_t page_size() const = 0;
   // Whether lock() really page-locks; when false the pool never calls lock().
   virtual bool can_lock() const = 0;
+  // Whether a committed range holds bytes a caller may read and write; false
+  // for address bookkeeping only (the null backend: its addresses are never
+  // mapped).
+  virtual bool holds_bytes() const { return true; }
   virtual int reserve(size_t size, void** addr) = 0;
   virtual int release(void* addr, size_t size) = 0;
   virtual int commit(void* addr, size_t size) = 0;

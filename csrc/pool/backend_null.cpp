@@ -13,6 +13,7 @@ class NullBackend final : public HostBackend {
   const char* name() const override { return "null"; }
   size_t page_size() const override { return 4096; }
   bool can_lock() const override { return true; }
+  bool holds_bytes() const override { return false; }
   int reserve(size_t size, void** addr) override {
     // Addresses from a private counter, far from anything mapped, never touched.
     const uintptr_t base = next_.fetch_add(size + (1ull << 30));

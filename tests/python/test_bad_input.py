@@ -178,6 +178,34 @@ def test_a_bad_pins_conf_is_a_value_error_at_first_use():
     assert out.stdout.startswith("ValueError PINS_CONF key 'policy' expects one of mru|lru|trace|reuse, got 'fifo'"), out.stdout
 
 
+def test_the_null_backend_is_refused_by_every_op_that_moves_bytes_and_stats_still_works():
+    """backend:null keeps address bookkeeping only (the simulator's pool): a cast
+    through it once wrote into an unmapped address and crashed the process."""
+    code = """if True:
+        import torch, torch_pins as p
+        print("backend", p.stats()["backend.null"])  # stats reads the configuration, no byte moves
+        calls = {
+            "register_model": lambda: p.register_model("m", "cpu"),
+            "cast_to_device": lambda: p.cast_to_device(torch.ones(1000), "cpu", model=0),
+            "cast_many_to_device": lambda: p.cast_many_to_device([torch.ones(10)], "cpu", model=0),
+            "free_pins": lambda: p.free_pins(1),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+                print(name, "accepted")
+            except ValueError as e:
+                print(name, "ValueError", e)
+        """
+    out = run_with_conf("backend:null", code)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "backend 1", out.stdout
+    for line in lines[1:]:
+        assert " ValueError PINS_CONF key 'backend' is 'null', which keeps address bookkeeping only" in line, line
+        assert "the torch ops need 'cpu', 'cuda' or 'auto'" in line, line
+
+
 def test_torchscript_reports_a_bad_value_as_a_runtime_error_with_the_message(pins):
     # torch's TorchScript interpreter re-raises every error of an op as a
     # RuntimeError (Note [Error types]); the message still names the argument.
