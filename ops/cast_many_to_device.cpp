@@ -124,6 +124,8 @@ std::vector<at::Tensor> cast_many_to_device_kernel(at::TensorList sources, c10::
   r.signature = signature;
   r.parts = parts;
   Lease lease = lease_pin(r, sources);
+  if (!lease)
+    for (const at::Tensor& s : sources) check_source_readable(s);  // read below through memory
   // Note [Gathered pins]: the first result keeps the transfer's buffer when it
   // needs no conversion; the others get their own storage on the device.
   const bool keep_first = !dtype || *dtype == sources[0].scalar_type();

@@ -128,6 +128,14 @@ Lease lease_source(const at::Tensor& source, int64_t model, Kind kind, bool resi
   return lease_pin(source_request(source, model, kind, resident, signature, op), source);
 }
 
+void check_source_readable(const at::Tensor& source) {
+  if (!files::any_mapped()) return;
+  const uint64_t span = span_bytes(source);
+  files::FileRange where;
+  if (span == 0 || !files::find_mapped(source.const_data_ptr(), span, where)) return;
+  translate([&] { files::check_file_covers(where, span); });
+}
+
 // ------------------------------------------------------------------ 3. fill
 
 at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like) {
@@ -140,6 +148,7 @@ void fill_pin(const at::Tensor& pin, const at::Tensor& source) {
     const uint64_t n = source.numel() * source.element_size();
     if (translate([&] { return files::fill_from_file(source.const_data_ptr(), n, pin.mutable_data_ptr()); })) return;
   }
+  check_source_readable(source);
   pin.copy_(source);
 }
 
@@ -241,6 +250,7 @@ void fill_and_copy_into(const at::Tensor& pin, const at::Tensor& source, const a
 
 at::Tensor cast_through(Lease& lease, const at::Tensor& source, c10::Device device,
                         std::optional<c10::ScalarType> dtype, bool non_blocking) {
+  if (!lease) check_source_readable(source);
   const bool fill = lease && lease.needs_fill();
   const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
   at::Tensor out = fill ? fill_and_copy(from, source, device, dtype, non_blocking)
@@ -251,6 +261,7 @@ at::Tensor cast_through(Lease& lease, const at::Tensor& source, c10::Device devi
 }
 
 void cast_through_into(Lease& lease, const at::Tensor& source, const at::Tensor& out, bool non_blocking) {
+  if (!lease) check_source_readable(source);
   const bool fill = lease && lease.needs_fill();
   const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
   if (from.scalar_type() == out.scalar_type() || out.device().is_cpu()) {

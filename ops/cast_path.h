@@ -54,6 +54,11 @@ Lease lease_pin(const Request& r, c10::ArrayRef<at::Tensor> sources);
 Lease lease_source(const at::Tensor& source, int64_t model, Kind kind, bool resident,
                    std::optional<int64_t> signature, const char* op);
 
+// Before a read of `source` itself (not of a pin): Note [Truncated mappings]
+// (csrc/files/mapped.h). A c10::Error naming the file when a file pins mapped
+// no longer holds the source's bytes.
+void check_source_readable(const at::Tensor& source);
+
 // ---- 3. fill
 
 // A contiguous CPU tensor over a pin's bytes at `offset`: the same shape and

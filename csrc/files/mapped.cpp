@@ -90,6 +90,19 @@ bool find_mapped(const void* p, uint64_t n, FileRange& out) {
   return true;
 }
 
+bool any_mapped() { return g_mapped.load(std::memory_order_relaxed) != 0; }
+
+void check_file_covers(const FileRange& where, uint64_t n) {
+  struct stat st {};
+  if (::fstat(where.file->fd(), &st) != 0)
+    throw ResourceError(detail::cat(where.file->path(), ": cannot stat (", std::strerror(errno), ")"));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size >= where.offset && size - where.offset >= n) return;
+  throw ResourceError(detail::cat(where.file->path(), ": the file is ", size, " bytes now, ", where.file->size(),
+                                  " when it was loaded; a tensor of it reads bytes [", where.offset, ", ",
+                                  where.offset + n, "), which it no longer holds (truncated after load_file)"));
+}
+
 bool pages_unwritten(const void* p, uint64_t n) {
   if (n == 0) return true;
   const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);

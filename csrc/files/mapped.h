@@ -64,6 +64,22 @@ struct FileRange {
 };
 bool find_mapped(const void* p, uint64_t n, FileRange& out);
 
+// Whether any mapping is registered now: a test that costs an atomic load,
+// before find_mapped's lookup.
+bool any_mapped();
+
+// Note [Truncated mappings]
+// A read through a mapping of bytes the file no longer holds (truncated on
+// disk after load_file mapped it) is a SIGBUS, not an error. Before pins reads
+// a source through memory (a copy from the source itself: a plain copy, a
+// cast the balancer serves from the source, a pin filled from memory), the
+// source's range is checked against the file's size now: a file shorter than
+// the range is a pins::ResourceError naming the file, its size and the range.
+// A truncation between that check and the read still faults: the window is
+// the copy itself. A pin already made holds its bytes and is served without a
+// read of the source.
+void check_file_covers(const FileRange& where, uint64_t n);
+
 // Note [File-backed pins]: true when no page of [p, p + n) was written
 // through its mapping (none anonymous or swapped in /proc/self/pagemap).
 bool pages_unwritten(const void* p, uint64_t n);

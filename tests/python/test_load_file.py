@@ -320,3 +320,46 @@ def test_a_model_larger_than_ram_maps(pins, tmp_path):
     assert int(w[:4096].sum()) == 0 and int(w[-4096:].sum()) == 0  # holes read as zeros
     w[-1] = 7  # one page written: one page charged
     assert int(w[-1]) == 7 and path.stat().st_blocks * 512 < (1 << 20)  # the file is never written
+
+
+@pytest.mark.parametrize("path_kind", ["model=-1", "out=", "strided miss", "budget refused", "contiguous miss",
+                                       "gathered model=-1", "gathered refused"])
+def test_a_file_truncated_after_load_file_is_an_error_on_every_read_not_a_sigbus(tmp_path, path_kind):
+    """Note [Truncated mappings]: every path on which pins reads a file-backed
+    tensor itself (not a pin) raises naming the file; a read through the mapping
+    of bytes the file lost would be a SIGBUS, so each runs in a child process."""
+    import os
+    import subprocess
+    import sys
+    path = str(tmp_path / "model.safetensors")
+    safetensors_torch.save_file({"a": torch.randn(512, 512), "b": torch.randn(512, 512)}, path)
+    calls = {
+        "model=-1": "pins.cast_to_device(b, 'cpu')",
+        "out=": "torch.ops.pins.cast_to_device.out(b, 'cpu', out=torch.empty_like(b))",
+        "strided miss": "pins.cast_to_device(b.t(), 'cpu', model=m)",
+        "budget refused": "pins.configure('cap:1'); pins.cast_to_device(b, 'cpu', model=m)",
+        "contiguous miss": "pins.cast_to_device(b, 'cpu', model=m)",
+        "gathered model=-1": "pins.cast_many_to_device([b, a], 'cpu')",
+        "gathered refused": "pins.configure('cap:1'); pins.cast_many_to_device([b, a], 'cpu', model=m)",
+    }
+    code = f"""if True:
+        import os, torch, torch_pins as pins
+        t = pins.load_file({path!r})
+        a, b = t["a"], t["b"]
+        os.truncate({path!r}, os.path.getsize({path!r}) // 2)  # b's bytes are gone from the file
+        m = pins.register_model("m", "cpu")
+        try:
+            {calls[path_kind]}
+            print("no error")
+        except RuntimeError as e:
+            print("RuntimeError", e)
+        print("pins", pins.stats()["pins"])
+        """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python_bindings"))
+    env.pop("PINS_CONF", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, f"exit {out.returncode} (a signal is negative): {out.stderr[-2000:]}"
+    first, last = out.stdout.splitlines()[0], out.stdout.splitlines()[-1]
+    assert first.startswith(f"RuntimeError {path}: the file"), out.stdout
+    assert last == "pins 0", out.stdout  # no pin made of bytes that were not read
