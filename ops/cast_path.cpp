@@ -58,28 +58,52 @@ uint64_t span_bytes(const at::Tensor& t) {
   return static_cast<uint64_t>(last + 1) * t.element_size();
 }
 
+// A pin's hold on its sources: a weak reference to each storage (a dead one
+// never matches, Note [Pin validity]) and, for a source in a file pins mapped,
+// the file's change count when the pin was made (Note [Changed files] in
+// csrc/files/mapped.h).
 class StorageGuard final : public SourceGuard {
  public:
-  explicit StorageGuard(std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak) : weak_(std::move(weak)) {}
+  struct File {
+    std::weak_ptr<files::MappedFile> file;
+    uint64_t changes = 0;
+  };
+  StorageGuard(std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak, std::vector<File> files)
+      : weak_(std::move(weak)), files_(std::move(files)) {}
   bool alive() const override {
-    return std::none_of(weak_.begin(), weak_.end(), [](const auto& w) { return w.expired(); });
+    return std::none_of(weak_.begin(), weak_.end(), [](const auto& w) { return w.expired(); }) &&
+           std::all_of(files_.begin(), files_.end(), [](const File& f) { return same(f, /*look=*/false); });
+  }
+  bool current() override {
+    return std::all_of(files_.begin(), files_.end(), [](const File& f) { return same(f, /*look=*/true); });
   }
 
  private:
+  static bool same(const File& f, bool look) {
+    const std::shared_ptr<files::MappedFile> file = f.file.lock();
+    return file != nullptr && file->changes(look) == f.changes;
+  }
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_;
+  std::vector<File> files_;
 };
 
-// A weak hold on the storages of a pin's sources: alive while every one is.
+// A weak hold on the storages of a pin's sources: alive while every one is,
+// and current while the files they lie in are unchanged.
 std::unique_ptr<SourceGuard> storage_guard(c10::ArrayRef<at::Tensor> sources) {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
   std::vector<const c10::StorageImpl*> seen;
+  std::vector<StorageGuard::File> in_files;
   for (const at::Tensor& t : sources) {
+    files::FileRange where;
+    const uint64_t span = span_bytes(t);
+    if (files::any_mapped() && span != 0 && files::find_mapped(t.const_data_ptr(), span, where))
+      in_files.push_back({where.file, where.file->changes(/*look=*/false)});
     const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
     if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
     seen.push_back(impl);
     weak.push_back(t.storage().getWeakStorageImpl());
   }
-  return std::make_unique<StorageGuard>(std::move(weak));
+  return std::make_unique<StorageGuard>(std::move(weak), std::move(in_files));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ namespace pins {
 Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<SourceGuard>()>& make_guard) {
   std::vector<void*> stale;
   Lookup found = lookup(r, stale);
+  if (found.lease && !found.lease.current()) found = look_again(r, std::move(found), stale);
   free_blocks(stale);  // stale pins dropped by either lookup, dead ones by the reclaim step
   if (found.served) return std::move(found.lease);
   void* block = admit(r, found.target, found.settled_at_read);
@@ -19,7 +20,7 @@ Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<So
   return create(r, found.target, found.reuse_gap, block, make_guard ? make_guard() : nullptr);
 }
 
-Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale) {
+Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale, bool again) {
   Lookup out;
   MutexLock g(mu_);
   Model& m = table_.model(r.model, r.op);
@@ -28,9 +29,9 @@ Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale) {
     out.served = true;  // an empty lease: nothing to pin
     return out;
   }
-  table_.reclaim(kReclaimPerCall, stale);  // Note [Dead source reclaim]
+  if (!again) table_.reclaim(kReclaimPerCall, stale);  // Note [Dead source reclaim]
   out.settled_at_read = gate_.settled();
-  out.reuse_gap = table_.record_access(m, r);
+  if (!again) out.reuse_gap = table_.record_access(m, r);
   // DESIGN.md: the streaming subset first, then an existing -loaded pin,
   // whatever the mode.
   Pin* p = table_.lookup(m, streaming_subset(r.kind), r, stale);
@@ -61,6 +62,24 @@ Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale) {
   }
   st.misses++;
   st.miss_bytes += static_cast<int64_t>(r.bytes);
+  return out;
+}
+
+Balancer::Lookup Balancer::look_again(const Request& r, Lookup stale_hit, std::vector<void*>& stale) {
+  Pin* p = stale_hit.lease.pin_;
+  {
+    MutexLock g(mu_);
+    if (!p->orphaned) {  // else its model was forgotten meanwhile: nothing to take back
+      SubsetStats& st = table_.stats_of(*p);
+      st.hits--;  // the cast did not hit after all: lookup() below counts what it is
+      st.hit_bytes -= static_cast<int64_t>(p->bytes);
+      st.dropped++;
+      table_.unlink(p, stale);  // leased: detached, freed when the lease lets go
+    }
+  }
+  stale_hit.lease = Lease();
+  Lookup out = lookup(r, stale, /*again=*/true);
+  out.reuse_gap = stale_hit.reuse_gap;
   return out;
 }
 

@@ -61,6 +61,8 @@ class Lease {
   size_t bytes() const;
   Subset subset() const;
   bool hit() const { return hit_; }
+  // Its pin's guard is current (SourceGuard::current): may make a syscall.
+  bool current() const { return pin_->guard == nullptr || pin_->guard->current(); }
   // The pin was just created: the caller must write the source into data() and
   // then call filled(). A lease dropped before filled() drops the pin.
   bool needs_fill() const { return fill_; }
@@ -195,9 +197,14 @@ class Balancer {
     uint64_t settled_at_read = 0;  // Note [Budget reservation]: before admit()'s reading
     uint64_t reuse_gap = 0;        // Note [Reuse policy]: the key's prompt gap, for its pin
   };
-  // Records the access and looks the source up (the streaming subset, then an
-  // existing -loaded pin), dropping stale pins into `stale`.
-  Lookup lookup(const Request& r, std::vector<void*>& stale) PINS_EXCLUDES(mu_);
+  // Records the access (unless `again`) and looks the source up (the streaming
+  // subset, then an existing -loaded pin), dropping stale pins into `stale`.
+  Lookup lookup(const Request& r, std::vector<void*>& stale, bool again = false) PINS_EXCLUDES(mu_);
+  // A hit whose pin is not current (SourceGuard::current, looked at outside
+  // mu_): the hit is taken back, the pin dropped (the lease, released here,
+  // frees it), and the source looked up again, a miss unless another thread
+  // pinned it meanwhile.
+  Lookup look_again(const Request& r, Lookup stale_hit, std::vector<void*>& stale) PINS_EXCLUDES(mu_);
   // Makes room for a new pin of `r` in `target` within the budget and the
   // registration ceiling and allocates its block; nullptr (the bypass counted)
   // when the budget or the pool refuses.

@@ -70,13 +70,21 @@ struct SourcePart {
   bool operator==(const SourcePart&) const = default;
 };
 
-// Whether a pin's source still exists. The torch layer implements it with a weak
-// reference to the source's storage, so a pin never outlives (or is served for a
-// new storage at the address of) a dead one. nullptr: always alive (simulator).
+// Whether a pin's source still exists and still holds what the pin holds. The
+// torch layer implements it with a weak reference to the source's storage, so
+// a pin never outlives (or is served for a new storage at the address of) a
+// dead one, and for a source in a mapped file with the file's change count
+// (Note [Changed files] in csrc/files/mapped.h). nullptr: always alive and
+// current (simulator).
 class SourceGuard {
  public:
   virtual ~SourceGuard() = default;
+  // Cheap (no syscall): checked under the balancer's lock.
   virtual bool alive() const = 0;
+  // May look at what backs the source (a syscall, rate-limited): asked on a
+  // hit, outside the balancer's lock. False: the pin holds bytes the source no
+  // longer has.
+  virtual bool current() { return true; }
 };
 
 enum class PinState { Filling, Live, Evicting };

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 
@@ -27,9 +28,16 @@ Registry& registry() {
   return *r;
 }
 
-std::atomic<uint64_t> g_fills{0}, g_bytes{0}, g_direct{0}, g_written{0}, g_mapped{0};
+std::atomic<uint64_t> g_fills{0}, g_bytes{0}, g_direct{0}, g_written{0}, g_mapped{0}, g_changes{0};
 
 constexpr uint64_t kPage = 4096;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t ns(const struct timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec; }
 
 }  // namespace
 
@@ -40,6 +48,8 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   struct stat st {};
   if (::fstat(f->fd_, &st) != 0) throw ResourceError(detail::cat(path, ": cannot stat (", std::strerror(errno), ")"));
   f->size_ = static_cast<uint64_t>(st.st_size);
+  f->stamp_ = {f->size_, ns(st.st_mtim), ns(st.st_ctim)};
+  f->looked_ns_.store(now_ns(), std::memory_order_relaxed);
   if (f->size_ > 0) {
     // Read-write and private: writes through the tensors stay in this process
     // (copy-on-write), the file is never changed. MAP_NORESERVE: a private
@@ -72,6 +82,27 @@ MappedFile::~MappedFile() {
   if (direct_fd_ >= 0) ::close(direct_fd_);
   if (fd_ >= 0) ::close(fd_);
   g_mapped.fetch_sub(1, std::memory_order_relaxed);
+}
+
+uint64_t MappedFile::changes(bool look) {
+  if (look) {
+    const int64_t now = now_ns();
+    if (now - looked_ns_.load(std::memory_order_relaxed) >= kLookInterval) {
+      std::lock_guard<std::mutex> g(look_mu_);
+      struct stat st {};
+      // A failed fstat (the descriptor is ours: it does not fail) changes nothing.
+      if (::fstat(fd_, &st) == 0) {
+        const Stamp seen{static_cast<uint64_t>(st.st_size), ns(st.st_mtim), ns(st.st_ctim)};
+        if (!(seen == stamp_)) {
+          stamp_ = seen;
+          changes_.fetch_add(1, std::memory_order_release);
+          g_changes.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      looked_ns_.store(now, std::memory_order_relaxed);
+    }
+  }
+  return changes_.load(std::memory_order_acquire);
 }
 
 bool find_mapped(const void* p, uint64_t n, FileRange& out) {
@@ -139,6 +170,7 @@ FileFillStats file_fill_stats() {
   s.direct = g_direct.load(std::memory_order_relaxed);
   s.written = g_written.load(std::memory_order_relaxed);
   s.mapped_files = g_mapped.load(std::memory_order_relaxed);
+  s.changes = g_changes.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -14,11 +14,28 @@
 //   cache still hold the file's bytes. If pagemap cannot be read, every page
 //   counts as written.
 // Then the pin is copied from memory, as for any other source, and the fall
-// back is counted. A file rewritten on disk under the mapping is the caller's
-// to report (pins::invalidate), as it is for a pin filled through the
-// mapping: the mapping shows the new bytes in the pages it has not copied,
-// and a read of the file shows them everywhere; either way no earlier pin
-// is touched.
+// back is counted. A file rewritten on disk under the mapping: Note [Changed
+// files].
+//
+// Note [Changed files]
+// A file rewritten in place after load_file mapped it (the same inode: written
+// over, or truncated and written again) shows its new bytes through the
+// mapping, in every page no write through the mapping copied; a pin made
+// before holds the old ones. pins sees such a rewrite by the file's size,
+// mtime and ctime (nanoseconds), as fstat of the mapped descriptor reports
+// them: MappedFile::changes() counts the times they differed from the last
+// look, looking again at most every kLookInterval. A pin of a source in a
+// mapped file keeps that count from when it was made (its SourceGuard, in
+// ops/cast_path.cpp); a hit on it looks (outside the balancer's lock: a
+// syscall, on a network filesystem a round trip) and, when the count moved,
+// drops the pin and makes it again, from the file. Every other pin of that
+// file is stale from then on without a look of its own (the count is an
+// atomic). Not seen: a change within kLookInterval of the last look is seen
+// by the first hit after it; a rewrite that keeps the size within the same
+// timestamp tick as the file's previous change (the kernel's file times are
+// coarse, a few milliseconds); a file replaced by rename (a new inode: the
+// mapping, and its pins, keep the old file's bytes, which stay consistent).
+// A write through the tensor itself is Note [Pin validity]'s, not this.
 #pragma once
 
 #include <atomic>
@@ -42,6 +59,11 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
+  // Note [Changed files]: how many times the file was seen changed on disk.
+  // `look`: fstat it first, when the last look is kLookInterval old or older.
+  uint64_t changes(bool look);
+  static constexpr int64_t kLookInterval = 2'000'000;  // ns
+
   const std::string& path() const { return path_; }
   char* data() const { return static_cast<char*>(base_); }
   uint64_t size() const { return size_; }
@@ -55,6 +77,17 @@ class MappedFile {
   int direct_fd_ = -1;
   void* base_ = nullptr;
   uint64_t size_ = 0;
+  // Note [Changed files]: what the last look saw, when, and the changes seen.
+  struct Stamp {
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+    int64_t ctime_ns = 0;
+    bool operator==(const Stamp&) const = default;
+  };
+  std::mutex look_mu_;  // a leaf: one look at a time
+  Stamp stamp_;         // guarded by look_mu_
+  std::atomic<int64_t> looked_ns_{0};
+  std::atomic<uint64_t> changes_{0};
 };
 
 // Where [p, p + n) lies in a registered mapping, if it lies wholly in one.
@@ -91,6 +124,7 @@ struct FileFillStats {
   uint64_t direct = 0;      // of the fills, those read with O_DIRECT
   uint64_t written = 0;     // pins of a mapped source filled from memory: pages written
   uint64_t mapped_files = 0;  // mappings alive now
+  uint64_t changes = 0;     // looks that found a mapped file changed on disk (Note [Changed files])
 };
 FileFillStats file_fill_stats();
 void count_file_fill(uint64_t bytes, bool direct);

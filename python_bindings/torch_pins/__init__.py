@@ -233,9 +233,12 @@ def load_file(path: Union[str, "os.PathLike[str]"]) -> Dict[str, torch.Tensor]:
     pin of one is filled from the file (O_DIRECT where the filesystem allows it)
     rather than through the mapping, so the weight is not held a second time in
     the page cache; once a tensor is written in place, its pin is filled from
-    memory instead (``stats()["file_fills_written"]``). A malformed file raises
-    ``ValueError`` naming the file and the field; one that cannot be opened,
-    ``RuntimeError`` naming the path."""
+    memory instead (``stats()["file_fills_written"]``); a rewrite of the file in
+    place is seen on a hit and the pin made again (``stats()["file_changes"]``).
+    A malformed file raises ``ValueError`` naming the file and the field (what
+    safetensors' own reader refuses, pins refuses); anything but a regular file
+    or a path with a NUL byte, ``ValueError`` before it is read; one that
+    cannot be opened, ``RuntimeError`` naming the path."""
     return dict(_ops.load_file(os.fspath(path)))
 
 

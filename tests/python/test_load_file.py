@@ -363,3 +363,58 @@ def test_a_file_truncated_after_load_file_is_an_error_on_every_read_not_a_sigbus
     first, last = out.stdout.splitlines()[0], out.stdout.splitlines()[-1]
     assert first.startswith(f"RuntimeError {path}: the file"), out.stdout
     assert last == "pins 0", out.stdout  # no pin made of bytes that were not read
+
+
+def _rewrite_in_place(path, tensors, truncate_first):
+    """The file's bytes replaced through the same inode, as an editor or a
+    trainer saving over it would."""
+    import os
+    new = path + ".new"
+    safetensors_torch.save_file(tensors, new)
+    data = open(new, "rb").read()
+    os.remove(new)
+    with open(path, "r+b") as f:
+        if truncate_first:
+            f.truncate(0)
+        f.write(data)
+
+
+@pytest.mark.parametrize("truncate_first", [False, True], ids=["written over", "truncated and written"])
+def test_a_pinned_tensor_of_a_file_rewritten_in_place_is_pinned_again(pins, model, tmp_path, truncate_first):
+    """Note [Changed files]: the next cast after a rewrite returns the bytes the
+    tensor reads now, not the pin's old ones; every pin of that file goes."""
+    import time
+    path = str(tmp_path / "model.safetensors")
+    safetensors_torch.save_file({"w": torch.zeros(128, 64), "b": torch.zeros(64)}, path)
+    t = pins.load_file(path)
+    w, b = t["w"], t["b"]
+    start = pins.stats()
+    pins.cast_to_device(w, "cpu", model=model)                 # streamed: pinned
+    pins.cast_to_device(b, "cpu", model=model, resident=True)  # a cache pin of the same file
+    assert pins.cast_to_device(w, "cpu", model=model).sum() == 0 and pins.stats()["hits"] == start["hits"] + 1
+    before = pins.stats()
+    time.sleep(0.01)  # past the kernel's coarse file-time tick of the first write
+    _rewrite_in_place(path, {"w": torch.ones(128, 64), "b": torch.full((64,), 2.0)}, truncate_first)
+    time.sleep(0.003)  # past one look interval (2 ms)
+    assert float(w.sum()) == 128 * 64, "the mapping shows the new bytes"
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
+    assert torch.equal(pins.cast_to_device(b, "cpu", model=model, resident=True), b)
+    after = pins.stats()
+    assert after["file_changes"] == before["file_changes"] + 1  # one look saw it, for both pins
+    assert after["hits"] == before["hits"] and after["misses"] == before["misses"] + 2
+    assert after["dropped"] == before["dropped"] + 2 and after["pins"] == before["pins"]
+    # Unchanged since: hits again, from the new pins.
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w) and pins.stats()["hits"] == after["hits"] + 1
+
+
+def test_an_unchanged_file_is_looked_at_most_every_interval(pins, model, weights):
+    """Note [Changed files]: a hit costs a look (fstat) at most every 2 ms per
+    file; many hits in a row within one interval find nothing changed."""
+    path, _ = weights
+    w = pins.load_file(path)["blk.0.w"]
+    pins.cast_to_device(w, "cpu", model=model)
+    before = pins.stats()
+    for _ in range(200):
+        pins.cast_to_device(w, "cpu", model=model)
+    after = pins.stats()
+    assert after["hits"] == before["hits"] + 200 and after["file_changes"] == before["file_changes"]

@@ -1438,3 +1438,58 @@ TEST(BalancerConcurrency, StressKeepsContentsAndAccounts) {
 
 }  // namespace
 }  // namespace pins
+
+namespace pins {
+namespace {
+
+// A guard whose source changed under its pin (Note [Changed files]): alive,
+// but no longer current once `changed` is set; counts the looks.
+class ChangingGuard : public SourceGuard {
+ public:
+  ChangingGuard(std::shared_ptr<std::atomic<bool>> changed, std::shared_ptr<std::atomic<int>> looks)
+      : changed_(std::move(changed)), looks_(std::move(looks)) {}
+  bool alive() const override { return true; }
+  bool current() override {
+    looks_->fetch_add(1);
+    return !changed_->load();
+  }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> changed_;
+  std::shared_ptr<std::atomic<int>> looks_;
+};
+
+TEST(BalancerChangedSource, AHitOnAPinThatIsNotCurrentIsAMissThatPinsAgain) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cpu");
+  auto changed = std::make_shared<std::atomic<bool>>(false);
+  auto looks = std::make_shared<std::atomic<int>>(0);
+  const auto guard = [&]() -> std::unique_ptr<SourceGuard> { return std::make_unique<ChangingGuard>(changed, looks); };
+  ASSERT_TRUE(fill(f.bal, f.req(m, 1), guard));  // made: no look
+  EXPECT_EQ(looks->load(), 0);
+  {
+    Lease hit = f.bal.acquire(f.req(m, 1), guard);
+    ASSERT_TRUE(hit && hit.hit() && !hit.needs_fill());
+  }
+  EXPECT_EQ(looks->load(), 1) << "a hit looks at its source";
+  changed->store(true);
+  {
+    Lease again = f.bal.acquire(f.req(m, 1), guard);
+    ASSERT_TRUE(again) << "a changed source is pinned again";
+    EXPECT_FALSE(again.hit());
+    EXPECT_TRUE(again.needs_fill()) << "the new pin is filled from the source as it is now";
+    again.filled();
+  }
+  const SubsetStats st = f.bal.subset_stats(m, Subset::Weights);
+  EXPECT_EQ(st.hits, 1) << "the hit on the changed pin was taken back";
+  EXPECT_EQ(st.misses, 2);
+  EXPECT_EQ(st.created, 2);
+  EXPECT_EQ(st.dropped, 1);
+  EXPECT_EQ(st.pins, 1);
+  EXPECT_EQ(f.bal.pins().size(), 1u);
+  EXPECT_EQ(f.pool.stats().blocks.current, 1) << "the changed pin's block went back to the pool";
+  f.pool.check_invariants();
+}
+
+}  // namespace
+}  // namespace pins
