@@ -1,6 +1,7 @@
 #include "csrc/files/read.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,9 +33,8 @@ uint64_t pread_full(int fd, char* dst, uint64_t n, uint64_t off, const std::stri
   return done;
 }
 
-[[noreturn]] void short_file(const std::string& path, uint64_t at) {
-  throw ResourceError(detail::cat(path, ": the file ends at ", at, ", inside the range read"));
-}
+// What read_chunk returns when the file held all of the chunk.
+constexpr uint64_t kWhole = UINT64_MAX;
 
 // Note [File reads]: the bounce buffers, kept for the next read (committed
 // and faulted in once: a fresh buffer per read costs page faults, and under
@@ -79,34 +79,33 @@ void give_bounce(char* b) {
 // One chunk [lo, hi) of the range starting at `offset`, into its place in dst
 // (Note [File reads]): buffered; or O_DIRECT of the chunk's aligned part
 // straight into dst when dst is congruent to the file offset, else into
-// `bounce` and copied out.
-void read_chunk(const ReadResult& how, int fd, int direct_fd, const std::string& path, uint64_t offset, char* dst,
-                uint64_t lo, uint64_t hi, char* bounce) {
+// `bounce` and copied out. Returns kWhole, or where the file ended.
+uint64_t read_chunk(const ReadResult& how, int fd, int direct_fd, const std::string& path, uint64_t offset, char* dst,
+                    uint64_t lo, uint64_t hi, char* bounce) {
   if (!how.direct) {
     const uint64_t got = pread_full(fd, dst + (lo - offset), hi - lo, lo, path);
-    if (got != hi - lo) short_file(path, lo + got);
-    return;
+    return got == hi - lo ? kWhole : lo + got;
   }
   if (how.congruent) {
     const auto buffered = [&](uint64_t a, uint64_t b) {
-      if (a >= b) return;
+      if (a >= b) return kWhole;
       const uint64_t got = pread_full(fd, dst + (a - offset), b - a, a, path);
-      if (got != b - a) short_file(path, a + got);
+      return got == b - a ? kWhole : a + got;
     };
     const uint64_t alo = (lo + kDirectAlign - 1) & ~(kDirectAlign - 1);
     const uint64_t ahi = hi & ~(kDirectAlign - 1);
     if (alo >= ahi) return buffered(lo, hi);
-    buffered(lo, alo);
+    if (const uint64_t e = buffered(lo, alo); e != kWhole) return e;
     const uint64_t got = pread_full(direct_fd, dst + (alo - offset), ahi - alo, alo, path);
-    if (got != ahi - alo) short_file(path, alo + got);
-    buffered(ahi, hi);
-    return;
+    if (got != ahi - alo) return alo + got;
+    return buffered(ahi, hi);
   }
   const uint64_t alo = lo & ~(kDirectAlign - 1);
   const uint64_t ahi = (hi + kDirectAlign - 1) & ~(kDirectAlign - 1);
   const uint64_t got = pread_full(direct_fd, bounce, ahi - alo, alo, path);
-  if (alo + got < hi) short_file(path, alo + got);
+  if (alo + got < hi) return alo + got;
   std::memcpy(dst + (lo - offset), bounce + (lo - alo), hi - lo);
+  return kWhole;
 }
 
 }  // namespace
@@ -138,6 +137,10 @@ ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t o
   std::atomic<uint64_t> next{0};
   std::exception_ptr error;
   std::mutex error_mu;
+  // The least offset at which a thread found the file ended. Threads past the
+  // end see nothing at their chunk's start, maybe before the one whose chunk
+  // holds the end gets there: none of them reports what it saw.
+  std::atomic<uint64_t> ended{kWhole};
   const auto work = [&] {
     char* buf = nullptr;
     try {
@@ -145,10 +148,16 @@ ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t o
       for (uint64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
         const uint64_t lo = std::max(offset, (first + c) * kReadChunk);
         const uint64_t hi = std::min(end, (first + c + 1) * kReadChunk);
-        read_chunk(how, fd, direct_fd, path, offset, out, lo, hi, buf);
+        const uint64_t e = read_chunk(how, fd, direct_fd, path, offset, out, lo, hi, buf);
+        if (e != kWhole) {
+          next.store(chunks);  // the others stop at their next chunk
+          for (uint64_t seen = ended.load(); e < seen && !ended.compare_exchange_weak(seen, e);) {
+          }
+          break;
+        }
       }
     } catch (...) {
-      next.store(chunks);  // the others stop at their next chunk
+      next.store(chunks);
       std::lock_guard<std::mutex> g(error_mu);
       if (!error) error = std::current_exception();
     }
@@ -164,6 +173,15 @@ ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t o
     for (std::thread& t : pool) t.join();
   }
   if (error) std::rethrow_exception(error);
+  if (ended.load() != kWhole) {
+    // The file's size names its end even where it ends before the range
+    // starts (every thread then saw nothing at its first byte).
+    struct stat st {};
+    uint64_t at = ended.load();
+    if (::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < at) at = static_cast<uint64_t>(st.st_size);
+    throw ResourceError(detail::cat(path, ": the file ends at ", at, ", short of the range read (", n,
+                                    " bytes from offset ", offset, ")"));
+  }
   // Note [File reads]: buffered reads leave what they read cached; give it back.
   if (!how.direct || how.congruent) ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_DONTNEED);
   return how;

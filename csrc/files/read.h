@@ -49,8 +49,9 @@ struct ReadResult {
 
 // Reads [offset, offset + n) into dst. `fd` is a plain descriptor of the
 // file, `direct_fd` the same file opened with O_DIRECT, or -1. Throws
-// pins::ResourceError naming `path` on a read error or a file shorter than
-// the range; dst is then partly written.
+// pins::ResourceError naming `path` on a read error, or on a file shorter than
+// the range (naming where the file ends and the range); dst is then partly
+// written.
 ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t offset, void* dst, uint64_t n,
                       int threads = kReadThreads);
 

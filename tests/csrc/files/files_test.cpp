@@ -100,6 +100,39 @@ TEST(FileReads, AFileShorterThanTheRangeIsAnErrorNamingIt) {
   ::close(fd);
 }
 
+TEST(FileReads, AShortFileNamesItsRealEndWhicheverThreadFailsFirst) {
+  // Threads reading chunks past the end see nothing at their chunk's start,
+  // and may well fail before the one that reads up to the end: the message
+  // must name the file's end all the same.
+  const uint64_t size = 4195464;  // 4 MiB + 1160: inside the first of three chunks
+  TempFile f("/tmp", size, 13);
+  const int fd = ::open(f.path.c_str(), O_RDONLY);
+  const int dfd = open_direct(fd);
+  const uint64_t n = 20 << 20;
+  std::vector<char> buf(n + 2 * kDirectAlign);
+  char* aligned = buf.data() + (kDirectAlign - reinterpret_cast<uintptr_t>(buf.data()) % kDirectAlign);
+  // The last range starts past the end: every thread sees nothing at its first byte.
+  for (const uint64_t offset : {uint64_t{0}, uint64_t{1242}, uint64_t{10} << 20}) {
+    // Congruent to the file offset (O_DIRECT straight in), then one byte off (through bounce buffers).
+    for (char* dst : {aligned + offset % kDirectAlign, aligned + offset % kDirectAlign + 1}) {
+      for (const int d : {dfd, -1}) {
+        for (int rep = 0; rep < 10; ++rep) {
+          try {
+            EXPECT_EQ(read_range(fd, d, f.path, offset, dst, n, 4).congruent, dst == aligned + offset % kDirectAlign);
+            ADD_FAILURE() << "no error";
+          } catch (const ResourceError& e) {
+            const std::string want = detail::cat(f.path, ": the file ends at ", size, ", short of the range read (", n,
+                                                 " bytes from offset ", offset, ")");
+            EXPECT_EQ(std::string(e.what()), want) << "direct " << (d >= 0) << " rep " << rep;
+          }
+        }
+      }
+    }
+  }
+  if (dfd >= 0) ::close(dfd);
+  ::close(fd);
+}
+
 TEST(FileReads, BufferedReadsLeaveNothingCached) {
   // Note [File reads]: after a buffered read the range is dropped from the page cache.
   TempFile f("/tmp", 4 << 20, 11);
