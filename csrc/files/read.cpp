@@ -1,13 +1,13 @@
 #include "csrc/files/read.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -39,8 +39,16 @@ constexpr uint64_t kWhole = UINT64_MAX;
 // Note [File reads]: the bounce buffers, kept for the next read (committed
 // and faulted in once: a fresh buffer per read costs page faults, and under
 // memory pressure reclaim, on the hot path). At most kReadThreads are kept
-// idle, (kReadChunk + 2 * kDirectAlign) bytes each.
-constexpr uint64_t kBounceBytes = kReadChunk + 2 * kDirectAlign;
+// idle, kBounceBytes each: a chunk's aligned part never leaves the
+// kReadChunk-aligned stretch of the file the chunk lies in.
+static_assert(kReadChunk % kDirectAlign == 0);
+constexpr uint64_t kBounceBytes = kReadChunk;
+// A buffer on 2 MiB huge pages, where transparent huge pages are allowed: an
+// O_DIRECT request holds at most the device's max_segments segments, and
+// 4 KiB pages that are not physically adjacent are a segment each (Note
+// [File reads]).
+constexpr uint64_t kHugePage = 2ull << 20;
+static_assert(kBounceBytes % kHugePage == 0);
 struct BouncePool {
   std::mutex mu;
   std::vector<char*> idle;
@@ -59,9 +67,18 @@ char* take_bounce(const std::string& path) {
       return b;
     }
   }
-  char* b = static_cast<char*>(std::aligned_alloc(kDirectAlign, kBounceBytes));
-  if (b == nullptr) throw ResourceError(detail::cat(path, ": no memory for a ", kBounceBytes, "-byte read buffer"));
-  return b;
+  // kBounceBytes on a huge-page boundary, cut out of a mapping one huge page longer.
+  void* m = ::mmap(nullptr, kBounceBytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    throw ResourceError(detail::cat(path, ": no memory for a ", kBounceBytes, "-byte read buffer (", std::strerror(errno), ")"));
+  const uintptr_t at = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t b = (at + kHugePage - 1) & ~(kHugePage - 1);
+  if (b > at) ::munmap(m, b - at);
+  ::munmap(reinterpret_cast<void*>(b + kBounceBytes), at + kHugePage - b);  // never empty: b < at + kHugePage
+  char* buf = reinterpret_cast<char*>(b);
+  ::madvise(buf, kBounceBytes, MADV_HUGEPAGE);  // refused where THP is off: 4 KiB pages then
+  std::memset(buf, 0, kBounceBytes);            // faulted in here, not by the device's first read
+  return buf;
 }
 void give_bounce(char* b) {
   if (b == nullptr) return;
@@ -73,7 +90,7 @@ void give_bounce(char* b) {
       return;
     }
   }
-  std::free(b);
+  ::munmap(b, kBounceBytes);
 }
 
 // One chunk [lo, hi) of the range starting at `offset`, into its place in dst

@@ -18,8 +18,14 @@
 //   aligned bounce buffer whose part in the range is copied out. Up to
 //   `threads` threads take the chunks in turn, so one copies while another
 //   waits on the device. The bounce buffers are kept for the next read (at
-//   most kReadThreads idle, kReadChunk + 8 KiB each): a fresh one faults its
-//   pages in on the hot path.
+//   most kReadThreads idle, kReadChunk each): a fresh one faults its pages in
+//   on the hot path. They lie on 2 MiB transparent huge pages where the
+//   kernel allows them: a request to the device holds at most its
+//   max_segments segments, and 4 KiB pages that are not physically adjacent
+//   are a segment each, so a buffer of scattered pages cuts a chunk into
+//   small requests (on the project's VM, 254 segments: about 1 MiB where the
+//   device takes 4 MiB). How scattered a fresh buffer's pages are is luck;
+//   on 4 KiB pages the fill's speed varied 2x from one process to the next.
 // - Otherwise (tmpfs and some network filesystems refuse O_DIRECT) buffered
 //   pread straight into the destination on the calling thread, then
 //   posix_fadvise DONTNEED over the range, so the cache drops what the read
