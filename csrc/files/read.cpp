@@ -5,6 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -31,6 +35,41 @@ uint64_t pread_full(int fd, char* dst, uint64_t n, uint64_t off, const std::stri
     done += static_cast<uint64_t>(r);
   }
   return done;
+}
+
+#if defined(__x86_64__)
+constexpr bool kCanStream = true;
+#else
+constexpr bool kCanStream = false;
+#endif
+
+// A chunk's part out of its bounce buffer; `stream`: with non-temporal
+// stores (Note [File reads]).
+void copy_out(char* dst, const char* src, uint64_t n, bool stream) {
+#if defined(__x86_64__)
+  if (!stream) return static_cast<void>(std::memcpy(dst, src, n));
+  const uint64_t head = std::min<uint64_t>(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  const uint64_t body = n & ~uint64_t{63};
+  for (uint64_t i = 0; i < body; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  _mm_sfence();  // the streamed stores ordered before whatever follows (the join, the caller's use)
+  std::memcpy(dst + body, src + body, n - body);
+#else
+  (void)stream;
+  std::memcpy(dst, src, n);
+#endif
 }
 
 // What read_chunk returns when the file held all of the chunk.
@@ -70,7 +109,8 @@ char* take_bounce(const std::string& path) {
   // kBounceBytes on a huge-page boundary, cut out of a mapping one huge page longer.
   void* m = ::mmap(nullptr, kBounceBytes + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED)
-    throw ResourceError(detail::cat(path, ": no memory for a ", kBounceBytes, "-byte read buffer (", std::strerror(errno), ")"));
+    throw ResourceError(
+        detail::cat(path, ": no memory for a ", kBounceBytes, "-byte read buffer (", std::strerror(errno), ")"));
   const uintptr_t at = reinterpret_cast<uintptr_t>(m);
   const uintptr_t b = (at + kHugePage - 1) & ~(kHugePage - 1);
   if (b > at) ::munmap(m, b - at);
@@ -121,7 +161,7 @@ uint64_t read_chunk(const ReadResult& how, int fd, int direct_fd, const std::str
   const uint64_t ahi = (hi + kDirectAlign - 1) & ~(kDirectAlign - 1);
   const uint64_t got = pread_full(direct_fd, bounce, ahi - alo, alo, path);
   if (alo + got < hi) return alo + got;
-  std::memcpy(dst + (lo - offset), bounce + (lo - alo), hi - lo);
+  copy_out(dst + (lo - offset), bounce + (lo - alo), hi - lo, how.streamed);
   return kWhole;
 }
 
@@ -149,6 +189,7 @@ ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t o
   // flight already, and readers at several offsets defeat it (Note [File reads]).
   const int most = how.direct ? std::max(threads, 1) : 1;
   const bool bounce = how.direct && !how.congruent;
+  how.streamed = bounce && kCanStream && n >= kReadChunk;
   how.threads = static_cast<int>(std::clamp<uint64_t>(chunks, 1, static_cast<uint64_t>(most)));
 
   std::atomic<uint64_t> next{0};

@@ -55,6 +55,11 @@ void expect_range(const TempFile& f, bool direct, bool congruent, uint64_t offse
   const ReadResult how = read_range(fd, dfd, f.path, offset, dst, n, threads);
   EXPECT_EQ(how.direct, dfd >= 0);
   EXPECT_EQ(how.congruent, congruent);
+#if defined(__x86_64__)
+  EXPECT_EQ(how.streamed, dfd >= 0 && !congruent && n >= kReadChunk);  // Note [File reads]: non-temporal stores
+#else
+  EXPECT_FALSE(how.streamed);
+#endif
   EXPECT_EQ(0, std::memcmp(dst, f.bytes.data() + offset, n)) << "offset " << offset << " n " << n;
   EXPECT_EQ(dst[-1], '\x01');  // nothing written outside the range
   EXPECT_EQ(dst[n], '\x01');
@@ -74,6 +79,8 @@ TEST(FileReads, BitExactAtOddOffsetsAndSizesOnAnyThreadCount) {
       expect_range(f, direct, congruent, 1, size - 2, 3);
       expect_range(f, direct, congruent, kReadChunk - 1, 2, 2);  // across a chunk boundary
       expect_range(f, direct, congruent, 4095, 4097, 1);
+      // Copied out with non-temporal stores: pieces of 3 bytes, a whole chunk, 67 bytes.
+      expect_range(f, direct, congruent, kReadChunk - 3, kReadChunk + 70, 3);
       expect_range(f, direct, congruent, 4096, 3 * kReadChunk, 4);  // aligned ends, the file's end after them
       for (int i = 0; i < 6; ++i) {
         const uint64_t off = rng() % size;
