@@ -18,8 +18,23 @@
 //   aligned bounce buffer whose part in the range is copied out. Up to
 //   `threads` threads take the chunks in turn, so one copies while another
 //   waits on the device. The bounce buffers are kept for the next read (at
-//   most kReadThreads idle, kReadChunk + 8 KiB each): a fresh one faults its
-//   pages in on the hot path.
+//   most kReadThreads idle, kReadChunk each): a fresh one faults its pages in
+//   on the hot path. Two things set the speed of the bounce path
+//   (docs/PERFORMANCE.md, "load"):
+//   - The size of the requests. A request holds at most the device's
+//     max_segments segments, and 4 KiB pages that are not physically
+//     adjacent are a segment each, so a buffer of scattered pages cuts a
+//     chunk into small requests (on the project's VM, 254 segments: about
+//     1 MiB, where the device takes 4 MiB), and how scattered a fresh buffer is is luck (the fill's
+//     speed varied 2x from one process to the next). The bounce buffers lie
+//     on 2 MiB transparent huge pages where the kernel allows them.
+//   - The copy's memory traffic, which competes with the device's own
+//     writes into memory (in a VM, the host's copies: a thread copying
+//     memory alongside a read slowed it by 8-17%, a thread spinning by
+//     0-7%). A range of a chunk or more is copied with non-temporal stores
+//     where the CPU has them (x86-64): they skip reading each destination
+//     line into the cache first, a third of the traffic, and a range that
+//     large would mostly have left the cache before the pin is read anyway.
 // - Otherwise (tmpfs and some network filesystems refuse O_DIRECT) buffered
 //   pread straight into the destination on the calling thread, then
 //   posix_fadvise DONTNEED over the range, so the cache drops what the read
@@ -44,13 +59,15 @@ constexpr int kReadThreads = 4;
 struct ReadResult {
   bool direct = false;     // O_DIRECT, else buffered + DONTNEED
   bool congruent = false;  // the destination congruent to the file offset: no bounce buffer
+  bool streamed = false;   // copied out of bounce buffers with non-temporal stores
   int threads = 1;
 };
 
 // Reads [offset, offset + n) into dst. `fd` is a plain descriptor of the
 // file, `direct_fd` the same file opened with O_DIRECT, or -1. Throws
-// pins::ResourceError naming `path` on a read error or a file shorter than
-// the range; dst is then partly written.
+// pins::ResourceError naming `path` on a read error, or on a file shorter than
+// the range (naming where the file ends and the range); dst is then partly
+// written.
 ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t offset, void* dst, uint64_t n,
                       int threads = kReadThreads);
 

@@ -2,12 +2,14 @@
 // copy in RAM (docs/PERFORMANCE.md, "load"), against a raw sequential O_DIRECT read
 // of the same file measured in the same run.
 //   raw    the whole file, 8 MiB O_DIRECT requests in turn on one thread into
-//          one aligned buffer (dd iflag=direct bs=8M): what the disk gives.
+//          one buffer on huge pages (dd iflag=direct bs=8M, with the largest
+//          requests the device takes): what the disk gives.
 //   pins   files::fill_from_file, the cast path's fill of a new pin whose
 //          source is a mapped file's unwritten bytes (Note [File-backed pins]):
 //          the file's data section (from offset 8 + a header length, unaligned,
 //          as in a safetensors file) into a warm, page-aligned destination, as
-//          a pin: buffered reads and DONTNEED (Note [File reads]).
+//          a pin: O_DIRECT through bounce buffers, or buffered reads and
+//          DONTNEED where the filesystem refuses O_DIRECT (Note [File reads]).
 //   direct the same into a destination congruent to the file offset, so the
 //          aligned part is read with O_DIRECT straight into it.
 //   mmap   the same bytes copied through a private mapping (what filling a pin
@@ -125,8 +127,16 @@ int load_main(const std::vector<std::string>& args) {
   std::printf("file %s, %s; data section from byte %llu; O_DIRECT %s\n", path.c_str(), gib(size).c_str(),
               static_cast<unsigned long long>(offset), dfd.fd >= 0 ? "available" : "refused by the filesystem");
 
+  // On 2 MiB huge pages: an O_DIRECT request holds at most the device's
+  // max_segments segments and scattered 4 KiB pages are a segment each, so on
+  // 4 KiB pages the baseline's speed depends on how physically adjacent its
+  // buffer's pages happen to be (docs/PERFORMANCE.md, "load").
+  constexpr uint64_t kHugePage = 2ull << 20;
   std::unique_ptr<char, decltype(&std::free)> raw_buf(
-      static_cast<char*>(std::aligned_alloc(files::kDirectAlign, files::kReadChunk)), &std::free);
+      static_cast<char*>(std::aligned_alloc(kHugePage, files::kReadChunk)), &std::free);
+  if (!raw_buf) throw std::runtime_error("no memory for the raw read's buffer");
+  ::madvise(raw_buf.get(), files::kReadChunk, MADV_HUGEPAGE);
+  std::memset(raw_buf.get(), 0, files::kReadChunk);
   std::unique_ptr<char, decltype(&std::free)> dst_buf(static_cast<char*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096)),
                                                       &std::free);
   if (!dst_buf) throw std::runtime_error("no memory for the destination");

@@ -55,6 +55,11 @@ void expect_range(const TempFile& f, bool direct, bool congruent, uint64_t offse
   const ReadResult how = read_range(fd, dfd, f.path, offset, dst, n, threads);
   EXPECT_EQ(how.direct, dfd >= 0);
   EXPECT_EQ(how.congruent, congruent);
+#if defined(__x86_64__)
+  EXPECT_EQ(how.streamed, dfd >= 0 && !congruent && n >= kReadChunk);  // Note [File reads]: non-temporal stores
+#else
+  EXPECT_FALSE(how.streamed);
+#endif
   EXPECT_EQ(0, std::memcmp(dst, f.bytes.data() + offset, n)) << "offset " << offset << " n " << n;
   EXPECT_EQ(dst[-1], '\x01');  // nothing written outside the range
   EXPECT_EQ(dst[n], '\x01');
@@ -74,6 +79,8 @@ TEST(FileReads, BitExactAtOddOffsetsAndSizesOnAnyThreadCount) {
       expect_range(f, direct, congruent, 1, size - 2, 3);
       expect_range(f, direct, congruent, kReadChunk - 1, 2, 2);  // across a chunk boundary
       expect_range(f, direct, congruent, 4095, 4097, 1);
+      // Copied out with non-temporal stores: pieces of 3 bytes, a whole chunk, 67 bytes.
+      expect_range(f, direct, congruent, kReadChunk - 3, kReadChunk + 70, 3);
       expect_range(f, direct, congruent, 4096, 3 * kReadChunk, 4);  // aligned ends, the file's end after them
       for (int i = 0; i < 6; ++i) {
         const uint64_t off = rng() % size;
@@ -97,6 +104,39 @@ TEST(FileReads, AFileShorterThanTheRangeIsAnErrorNamingIt) {
     }
     if (dfd >= 0) ::close(dfd);
   }
+  ::close(fd);
+}
+
+TEST(FileReads, AShortFileNamesItsRealEndWhicheverThreadFailsFirst) {
+  // Threads reading chunks past the end see nothing at their chunk's start,
+  // and may well fail before the one that reads up to the end: the message
+  // must name the file's end all the same.
+  const uint64_t size = 4195464;  // 4 MiB + 1160: inside the first of three chunks
+  TempFile f("/tmp", size, 13);
+  const int fd = ::open(f.path.c_str(), O_RDONLY);
+  const int dfd = open_direct(fd);
+  const uint64_t n = 20 << 20;
+  std::vector<char> buf(n + 2 * kDirectAlign);
+  char* aligned = buf.data() + (kDirectAlign - reinterpret_cast<uintptr_t>(buf.data()) % kDirectAlign);
+  // The last range starts past the end: every thread sees nothing at its first byte.
+  for (const uint64_t offset : {uint64_t{0}, uint64_t{1242}, uint64_t{10} << 20}) {
+    // Congruent to the file offset (O_DIRECT straight in), then one byte off (through bounce buffers).
+    for (char* dst : {aligned + offset % kDirectAlign, aligned + offset % kDirectAlign + 1}) {
+      for (const int d : {dfd, -1}) {
+        for (int rep = 0; rep < 10; ++rep) {
+          try {
+            EXPECT_EQ(read_range(fd, d, f.path, offset, dst, n, 4).congruent, dst == aligned + offset % kDirectAlign);
+            ADD_FAILURE() << "no error";
+          } catch (const ResourceError& e) {
+            const std::string want = detail::cat(f.path, ": the file ends at ", size, ", short of the range read (", n,
+                                                 " bytes from offset ", offset, ")");
+            EXPECT_EQ(std::string(e.what()), want) << "direct " << (d >= 0) << " rep " << rep;
+          }
+        }
+      }
+    }
+  }
+  if (dfd >= 0) ::close(dfd);
   ::close(fd);
 }
 
