@@ -46,6 +46,39 @@ def named(what: str, path: str) -> str:
     return f"{what}{path!r}" if what.endswith("=") else f"{what} {path!r}"
 
 
+def failed(doing: Optional[str], e: OSError) -> FileError:
+    """The FileError of an OSError met while `doing` (``cannot write model file
+    '/x'``): the system's reason, and the paths it names that `doing` does not.
+    Without `doing`, the paths and the reason."""
+    reason = e.strerror or str(e) or type(e).__name__
+    reason = reason[:1].lower() + reason[1:]
+    paths = [repr(os.fsdecode(f)) for f in (e.filename, e.filename2) if f is not None]
+    if doing is None:
+        return FileError(f"{' -> '.join(paths) or 'a file'}: {reason}")
+    others = [f for f in paths if f not in doing]
+    return FileError(f"{doing}: {reason}" + (f" ({', '.join(others)})" if others else ""))
+
+
+def write_atomic(path: str, write: Callable[[object], None], sync: bool = False) -> None:
+    """Calls `write(f)` on a binary file that becomes `path` only once written
+    whole (renamed from ``path.partial``; synced first with `sync`): a failure,
+    an interrupt included, leaves `path` as it was and no partial file."""
+    tmp = path + ".partial"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:  # never created, or not ours to remove (a directory of that name)
+            pass
+        raise
+
+
 class TensorEntry:
     """One tensor of a file: its name, dtype, shape and absolute byte range."""
     __slots__ = ("name", "dtype", "shape", "begin", "end")
@@ -88,6 +121,8 @@ def read_header(path: str, what: str = "file") -> Header:
         raise bad("is a directory, not a safetensors file") from None
     except PermissionError:
         raise bad("cannot be read (permission denied)") from None
+    except OSError as e:
+        raise failed(f"{named(what, path)}: cannot be read", e) from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -126,7 +161,7 @@ def write_file(path: str, tensors: Sequence[Tuple[str, str, List[int]]], metadat
 
     `tensors` is (name, dtype, shape) in file order. `fill(i, nbytes, f)` writes tensor i's bytes to the open
     file `f`. The file is written under a temporary name, synced and renamed, so
-    an interrupted run leaves no half-written file under `path`."""
+    a failed or interrupted write leaves no half-written file (write_atomic)."""
     header: Dict[str, object] = {"__metadata__": dict(metadata)}
     offset = 0
     sizes = []
@@ -140,15 +175,13 @@ def write_file(path: str, tensors: Sequence[Tuple[str, str, List[int]]], metadat
         sizes.append(nbytes)
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * ((-(8 + len(text))) % PAGE)  # the data starts on a page
-    tmp = path + ".partial"
-    with open(tmp, "wb") as f:
+
+    def write(f) -> None:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for i, nbytes in enumerate(sizes):
             fill(i, nbytes, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, write, sync=True)  # synced: drop_from_page_cache drops written-back pages only
 
 
 def drop_from_page_cache(path: str, begin: int = 0, length: int = 0) -> None:
@@ -181,7 +214,10 @@ def model_files(path: str, what: str) -> List[str]:
     """The safetensors files of a model: `path` itself, or every *.safetensors in
     directory `path` (a sharded checkpoint), sorted."""
     if os.path.isdir(path):
-        found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+        try:
+            found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+        except OSError as e:
+            raise failed(f"{named(what, path)}: cannot be listed", e) from None
         if not found:
             raise FileError(f"{named(what, path)}: a directory with no .safetensors file in it")
         return found
@@ -217,9 +253,15 @@ def synthetic_shape(nbytes: int) -> Tuple[str, List[int]]:
 
 def check_synthetic(path: str, expected: Dict[str, int], trace_name: str) -> Optional[str]:
     """None when the demo's file at `path` holds exactly the `expected` tensors
-    (name -> bytes) written for `trace_name`; else why it must be written again."""
+    (name -> bytes) written for `trace_name`; else why it must be written again.
+    Raises FileError when something other than a file is in its place: that is
+    not the demo's to replace."""
     if not os.path.exists(path):
         return "not written yet"
+    if not os.path.isfile(path):
+        kind = "a directory" if os.path.isdir(path) else "not a regular file"
+        raise FileError(f"model file {path!r}: is {kind}; the demo writes its file there: move it away or choose "
+                        "another --models-dir")
     try:
         h = read_header(path)
     except FileError as e:
