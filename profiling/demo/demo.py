@@ -30,6 +30,7 @@ importable here) only in its replay processes. ``python -m torch_pins demo``
 runs this file of the checkout the package sits in.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -329,8 +330,9 @@ def synthetic_layout(plan: List[dict]) -> Tuple[Dict[str, Dict[str, int]], Dict[
     return models, loras
 
 
-def write_synthetic(path: str, tensors: Dict[str, int], trace_name: str, seed: int) -> None:
-    """A safetensors file of random fp16 weights in [-1, 1) (uint8 for an odd size)."""
+def write_synthetic(path: str, tensors: Dict[str, int], trace_name: str, seed: int) -> str:
+    """A safetensors file of random fp16 weights in [-1, 1) (uint8 for an odd
+    size); returns the digest of its bytes."""
     import numpy as np
     rng = np.random.default_rng(seed)
     specs = [(name,) + files.synthetic_shape(n) for name, n in tensors.items()]
@@ -346,7 +348,13 @@ def write_synthetic(path: str, tensors: Dict[str, int], trace_name: str, seed: i
             else:
                 f.write(rng.bytes(n))
             done += n
-    files.write_file(path, specs, {"pins_demo_trace": trace_name, "format": "pt"}, fill)
+    return files.write_file(path, specs, {"pins_demo_trace": trace_name, "format": "pt"}, fill)
+
+
+def synthetic_seed(trace_name: str, name: str) -> int:
+    """The seed of the synthetic file `name` (relative to the models directory):
+    the same file is written with the same bytes, whichever others are written with it."""
+    return int.from_bytes(hashlib.sha256(f"{trace_name}\0{name}".encode()).digest()[:8], "little")
 
 
 def shard_name(layer: str) -> str:
@@ -355,8 +363,10 @@ def shard_name(layer: str) -> str:
 
 def ensure_files(models_dir: str, layout: Dict[str, Dict[str, int]], loras: Dict[str, Dict[str, int]],
                  user_files: Dict[str, str], trace_name: str, progress) -> Dict[str, str]:
-    """Writes the synthetic files the trace needs where they are missing or stale
-    (a directory per model, a file per layer: Note [Demo files]); returns {lora: path}."""
+    """Writes the synthetic files the trace needs where they are missing, stale
+    or no longer what the demo wrote (a directory per model, a file per layer:
+    Note [Demo files]; Note [Demo digests]); returns {lora: path}. The user's
+    files (--files) are theirs: neither checked nor written."""
     wanted: List[Tuple[str, Dict[str, int]]] = []
     for model, layers in layout.items():
         if model in user_files:
@@ -367,24 +377,41 @@ def ensure_files(models_dir: str, layout: Dict[str, Dict[str, int]], loras: Dict
     lora_paths = {lora: os.path.join(models_dir, f"lora_{lora}.safetensors") for lora in loras}
     wanted += [(lora_paths[lora], dict(tensors)) for lora, tensors in loras.items()]
 
-    todo = []
+    digests = files.Digests(models_dir)
+    todo, unproven = [], []
     for path, tensors in wanted:
         try:
-            why = files.check_synthetic(path, tensors, trace_name)
+            why = files.check_synthetic(path, tensors, trace_name) or digests.recorded(path)
+            if not why and not digests.proven(path):
+                unproven.append((path, tensors))
         except OSError as e:
             raise files.failed(f"cannot check model file {path!r}", e) from None
         if why:
             todo.append((path, tensors, why))
+    if unproven:
+        progress(f"checking {len(unproven)} files ({gib(sum(sum(t.values()) for _, t in unproven))} GiB) against "
+                 f"their digests in {digests.path} (written just before or changed since)")
+        for path, tensors in unproven:
+            try:
+                why = digests.verify(path)
+            except OSError as e:
+                raise files.failed(f"cannot check model file {path!r}", e) from None
+            if why:
+                progress(f"  {path}: {why}: writing it again")
+                todo.append((path, tensors, why))
+        digests.save()
     if todo:
         total = sum(sum(t[1].values()) for t in todo)
         progress(f"writing {len(todo)} safetensors files ({gib(total)} GiB) to {models_dir} "
                  f"({todo[0][2]}{', ...' if len(todo) > 1 else ''})")
         t0 = time.perf_counter()
-        for k, (path, tensors, _) in enumerate(todo):
+        for path, tensors, _ in todo:
             try:
-                write_synthetic(path, tensors, trace_name, k)
+                digests.record(path, write_synthetic(path, tensors, trace_name,
+                                                     synthetic_seed(trace_name, os.path.relpath(path, models_dir))))
             except OSError as e:
                 raise files.failed(f"cannot write model file {path!r}", e) from None
+            digests.save()  # after each file: what a later failure leaves written stays recorded
         progress(f"  written in {time.perf_counter() - t0:.1f} s")
     return lora_paths
 

@@ -5,12 +5,14 @@ One run of the demo (tens of MB of files, two policies, three runs) is shared by
 the tests of this module; the error tests stop before a replay, or at its start.
 Needs pins-sim ($PINS_SIM or build/bin), as make test builds it."""
 import ast
+import hashlib
 import json
 import os
 import resource
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -200,14 +202,30 @@ def test_disk_bytes_agree_with_the_simulator(small_run):
 def test_files_are_reused_on_the_second_run(small_run, trace_file):
     _, _, out = small_run
     models = out / "models"
-    before = {p: os.path.getmtime(os.path.join(d, p)) for d, _, fs in os.walk(models) for p in fs}
+    before = {p: os.path.getmtime(os.path.join(d, p)) for d, _, fs in os.walk(models) for p in fs
+              if p.endswith(".safetensors")}
     p = demo("--trace", trace_file, "--out", str(out), "--policy", "none", "--runs", "1", "--conf", CONF,
              "--no-plot")
     assert p.returncode == 0, p.stderr
     assert "writing" not in p.stderr
-    after = {p: os.path.getmtime(os.path.join(d, p)) for d, _, fs in os.walk(models) for p in fs}
+    after = {p: os.path.getmtime(os.path.join(d, p)) for d, _, fs in os.walk(models) for p in fs
+             if p.endswith(".safetensors")}
     assert before == after
     assert p.stdout.strip().splitlines()[-1].endswith("plot=none")
+
+
+@needs_sim
+def test_a_corrupted_file_is_written_again_before_the_replay(small_run, trace_file):
+    _, _, out = small_run
+    victim = out / "models" / "net" / "layer3.safetensors"
+    digest = hashlib.sha256(victim.read_bytes()).hexdigest()
+    corrupt(victim, PAGE + 4096)
+    p = demo("--trace", trace_file, "--out", str(out), "--policy", "none", "--runs", "1", "--conf", CONF,
+             "--no-plot")
+    assert p.returncode == 0, p.stderr
+    assert f"{victim}: its bytes differ from those the demo wrote" in p.stderr
+    assert p.stderr.index("writing 1 safetensors files") < p.stderr.index("none run 1/1")
+    assert hashlib.sha256(victim.read_bytes()).hexdigest() == digest
 
 
 @pytest.mark.parametrize("args,message", [
@@ -361,6 +379,11 @@ def test_a_full_disk_is_named_and_leaves_no_partial_file(trace_file, small_tmpfs
     assert_file_error(p.returncode, p.stderr, "demo: cannot write ", f"'{small_tmpfs}/out/",
                       ": no space left on device")
     assert leftovers(small_tmpfs) == []
+    # What was written whole is recorded, and reused by a run that has the room.
+    digests = json.loads((small_tmpfs / "out" / "models" / "digests.json").read_text())["files"]
+    written = [os.path.relpath(os.path.join(d, f), small_tmpfs / "out" / "models")
+               for d, _, fs in os.walk(small_tmpfs / "out" / "models") for f in fs if f.endswith(".safetensors")]
+    assert written and sorted(digests) == sorted(written)
 
 
 @needs_sim
@@ -413,6 +436,102 @@ def test_a_failed_write_leaves_the_file_as_it_was(tmp_path, failure):
     with pytest.raises(type(failure)):
         files.write_atomic(str(path), write)
     assert os.listdir(tmp_path) == ["f.json"] and path.read_bytes() == b"before"
+
+
+# --- the digests of the synthetic files (Note [Demo digests]) ---------------------------
+
+LAYOUT = {"enc": {"layer0": 2 * PAGE, "layer1": 3 * PAGE}, "net": {"layer0": 4 * PAGE}}
+LORAS = {"style": {"layer0.lora_up": 1024}}
+
+
+def ensure(models_dir, user_files=None):
+    """ensure_files on the small layout: the progress lines it printed."""
+    lines = []
+    demo_module().ensure_files(str(models_dir), LAYOUT, LORAS, user_files or {}, "t", lines.append)
+    return lines
+
+
+def corrupt(path, offset):
+    """Changes bytes of `path` in place, leaving its size and mtime as they were."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(8)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in old))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.path.getsize(path) == st.st_size
+
+
+def contents(models_dir):
+    return {os.path.relpath(os.path.join(d, f), models_dir): open(os.path.join(d, f), "rb").read()
+            for d, _, fs in os.walk(models_dir) for f in fs if f.endswith(".safetensors")}
+
+
+def test_a_corrupted_file_is_found_and_written_again(tmp_path):
+    """Right size, right header, mtime as written, bytes changed: checked
+    against its digest before use, and written again with the same bytes."""
+    models = tmp_path / "models"
+    ensure(models)
+    written = contents(models)
+    victim = models / "net" / "layer0.safetensors"
+    corrupt(victim, PAGE + 100)  # in the tensor's bytes: the header still checks
+    lines = ensure(models)
+    assert f"  {victim}: its bytes differ from those the demo wrote (sha256 in digests.json): writing it again" \
+        in lines, lines
+    assert any(line.startswith("writing 1 safetensors files") for line in lines), lines
+    assert contents(models) == written
+    # A LoRA file is the demo's too.
+    lora = models / "lora_style.safetensors"
+    corrupt(lora, os.path.getsize(lora) - 8)
+    assert any(f"{lora}: its bytes differ" in line for line in ensure(models))
+    assert contents(models) == written
+
+
+def test_a_file_is_hashed_only_when_its_status_does_not_prove_it_unchanged(tmp_path, monkeypatch):
+    """Unchanged files cost a stat each; a change with the mtime set back
+    changes the ctime, which no one can set back, and the file is hashed."""
+    files = demo_module().files
+    hashed = []
+    file_digest = files.file_digest
+    monkeypatch.setattr(files, "file_digest", lambda path: hashed.append(path) or file_digest(path))
+    monkeypatch.setattr(files, "RACY_NS", 200_000_000)
+    models = tmp_path / "models"
+    ensure(models)
+    assert hashed == []  # the digest of what was written is taken as it is written
+    time.sleep(0.3)
+    ensure(models)
+    assert len(hashed) == 4  # recorded within RACY_NS of their writing: proved nothing then
+    del hashed[:]
+    assert ensure(models) == [] and hashed == []
+    victim = models / "enc" / "layer1.safetensors"
+    corrupt(victim, PAGE)
+    lines = ensure(models)
+    assert hashed == [str(victim)], lines
+    assert any(f"{victim}: its bytes differ" in line for line in lines)
+
+
+def test_files_without_a_digest_are_written_again(tmp_path):
+    models = tmp_path / "models"
+    ensure(models)
+    written = contents(models)
+    (models / "digests.json").write_text("{not json")
+    lines = ensure(models)
+    assert any(line.startswith("writing 4 safetensors files") and "is not a digests file" in line
+               for line in lines), lines
+    (models / "digests.json").unlink()
+    assert any(line.startswith("writing 4 safetensors files") and "no digest of it in" in line for line in ensure(models))
+    assert contents(models) == written
+    assert json.loads((models / "digests.json").read_text())["files"].keys() == written.keys()
+
+
+def test_the_users_files_are_not_checked(tmp_path):
+    """A model given with --files is the user's: the demo neither hashes nor writes it."""
+    models = tmp_path / "models"
+    ensure(models, user_files={"net": str(tmp_path / "theirs.safetensors")})
+    assert sorted(contents(models)) == ["enc/layer0.safetensors", "enc/layer1.safetensors", "lora_style.safetensors"]
+    assert not (models / "net").exists()
+    assert sorted(json.loads((models / "digests.json").read_text())["files"]) == sorted(contents(models))
 
 
 def imported_modules(path):
