@@ -10,10 +10,11 @@ machine; its predicted disk bytes are printed beside the measured ones.
 
 By default it replays ``profiling/traces/demo_wan22_scaled.json`` on synthetic
 files that it writes on its first run (a text encoder, two diffusion experts, a
-VAE and style LoRAs, 2.7 GB). ``--files NAME=PATH,...`` points trace models at
-your own safetensors files instead: their layers (tensors grouped by block, as
-the simulator groups a parameter list) replace the trace's, in a derived trace
-written beside the report. Note [Demo machine] and Note [Demo page cache]
+VAE and style LoRAs, 2.7 GB) and checks against their digests when it reuses
+them (Note [Demo digests] in files.py). ``--files NAME=PATH,...`` points trace
+models at your own safetensors files instead: their layers (tensors grouped by
+block, as the simulator groups a parameter list) replace the trace's, in a
+derived trace written beside the report. Note [Demo machine] and Note [Demo page cache]
 (replay.py) say how a machine larger than the modelled one is made to behave
 like it.
 
@@ -390,7 +391,7 @@ def ensure_files(models_dir: str, layout: Dict[str, Dict[str, int]], loras: Dict
             todo.append((path, tensors, why))
     if unproven:
         progress(f"checking {len(unproven)} files ({gib(sum(sum(t.values()) for _, t in unproven))} GiB) against "
-                 f"their digests in {digests.path} (written just before or changed since)")
+                 f"their digests in {digests.path} (written or changed since their last check)")
         for path, tensors in unproven:
             try:
                 why = digests.verify(path)

@@ -24,20 +24,23 @@ Note [Demo digests]
 The demo checks that a synthetic file it reuses holds the bytes it wrote: a
 file of the right size whose bytes changed (a disk error, a copy gone wrong,
 an edit) would otherwise be replayed as it is. digests.json beside the files
-records, for each, the SHA-256 of its bytes (computed while writing them:
-hashlib's fastest digest here, about 1.2 GiB/s) and its status then: size,
-mtime, ctime, inode. Hashing all 2.65 GB again at every start would cost about
-5 s here (3 s when the files are in the page cache), so a file is hashed only
-when its status no longer proves it unchanged. mtime alone does not prove it:
-it can be set back (touch -d, cp -p, rsync -t); ctime cannot (short of
-setting the clock), the kernel sets it to the current time on every write,
-truncation, rename or utime. A status
-recorded within RACY_NS of the file's ctime proves nothing either: a write in
-the same tick of the file system's clock (coarse, down to seconds on some file
-systems) leaves ctime as it was, so such a file is hashed on its next check,
-once (as git treats an index entry as racily clean). What this misses is a
-change made beneath the file system (a failing disk, a raw block write), which
-changes no status; a file the demo did not write (--files) is not checked.
+records, for each, the SHA-256 of the bytes written (hashed as they are
+written; hashlib's fastest digest here, 1.2 GiB/s) and the file's status when
+last checked: size, mtime, ctime, inode. A file is hashed again only when its
+status does not prove it unchanged since. Hashing all 2.65 GB of the default
+trace's files takes 5-6 s here from disk (2 s from the page cache); a stat
+per file, 3 ms in all. mtime proves nothing: it can be set back (touch -d,
+cp -p, rsync -t). ctime cannot (short of setting the clock): the kernel sets
+it to the current time on every write, truncation, rename or utime. But a
+status taken within RACY_NS of the file's ctime proves nothing either: a write
+in the same tick of the file system's clock (coarse, down to seconds on some
+file systems) leaves ctime as it was (git's "racily clean" index entries). A
+file's status is taken as it is written, so the first check after writing
+hashes each file once, reading back from the disk what was written (the
+replays drop the files from the page cache); later starts cost a stat per
+file. What this misses is a change made beneath the file system (a failing
+disk, a raw write to the device), which changes no status. A file the demo
+did not write (--files) is not checked.
 
 Standard library only: the parent process of the demo never imports torch for
 this (the files' bytes are written by ``write_file``'s caller).
@@ -59,8 +62,8 @@ MAX_HEADER = 100 * 1000 * 1000
 # The synthetic files' digest, and the file beside them that records it (Note [Demo digests]).
 DIGEST = "sha256"
 DIGESTS_FILE = "digests.json"
-# How long after a file's ctime its status must have been recorded to prove it unchanged since: longer
-# than the coarsest timestamps of a Linux file system (1 s, or 2 s for FAT's) plus a clock tick.
+# How long after a file's ctime its status must be taken to prove it unchanged since: longer than the
+# coarsest timestamps of a Linux file system (1 s, or 2 s for FAT's) plus a clock tick.
 RACY_NS = 3 * 10**9
 
 
