@@ -903,7 +903,6 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(opts.trace_path)
     mach = modelled_machine(trace, opts.trace_path, args)
     writable_dir(opts.out, "--out")
-    writable_dir(opts.models_dir, "--models-dir" if args.models_dir is not None else "models directory")
     user_files = parse_files_option(args.files, trace) if args.files is not None else {}
     sim_trace, layer_tensors = simulated_trace(trace, opts, user_files)
     dev = choose_device(args.device, mach)
@@ -912,6 +911,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan = plan_runs(trace, predicted_json, dump)
     layout, lora_layout = synthetic_layout(plan)
+    writable_dir(opts.models_dir, "--models-dir" if args.models_dir is not None else "models directory")
     lora_paths = ensure_files(opts.models_dir, layout, lora_layout, user_files, trace.get("name", ""), progress.line)
     disk_ok, disk_why = disk_accounting_works(opts.models_dir)
     if not disk_ok:
