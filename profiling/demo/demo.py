@@ -10,17 +10,20 @@ machine; its predicted disk bytes are printed beside the measured ones.
 
 By default it replays ``profiling/traces/demo_wan22_scaled.json`` on synthetic
 files that it writes on its first run (a text encoder, two diffusion experts, a
-VAE and style LoRAs, 2.7 GB). ``--files NAME=PATH,...`` points trace models at
-your own safetensors files instead: their layers (tensors grouped by block, as
-the simulator groups a parameter list) replace the trace's, in a derived trace
-written beside the report. Note [Demo machine] and Note [Demo page cache]
+VAE and style LoRAs, 2.7 GB) and checks against their digests when it reuses
+them (Note [Demo digests] in files.py). ``--files NAME=PATH,...`` points trace
+models at your own safetensors files instead: their layers (tensors grouped by
+block, as the simulator groups a parameter list) replace the trace's, in a
+derived trace written beside the report. Note [Demo machine] and Note [Demo page cache]
 (replay.py) say how a machine larger than the modelled one is made to behave
 like it.
 
 Output: progress on standard error, a table, ``report.json`` and ``demo.png``
 in ``--out``; the last line is ``RESULT report=<json> plot=<png>``. Exit status
-0 when every replay ran, 2 for a bad option, file or trace (the message names
-it), 1 when a replay failed.
+0 when every replay ran; 2 for a bad option, file or trace, or a file or
+directory the demo cannot read or write (a full disk, a directory where a file
+goes, no permission, a file gone), with one line on standard error that names
+it; 1 when a replay failed otherwise. A failed write leaves no partial file.
 
 The demo is part of the source tree, not of the torch_pins package: it needs
 the repository's traces and pins-sim, and imports torch_pins (the package
@@ -28,10 +31,12 @@ importable here) only in its replay processes. ``python -m torch_pins demo``
 runs this file of the checkout the package sits in.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +44,7 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import files
-from replay import read_bytes
+from replay import FILE_ERROR, FILE_ERROR_PREFIX, read_bytes
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKOUT = os.path.dirname(os.path.dirname(_HERE))
@@ -63,6 +68,54 @@ USAGE_ERROR = 2
 
 class DemoError(Exception):
     """A bad option, file or trace: printed as ``demo: <message>``, exit status 2."""
+
+
+# --- files and directories ------------------------------------------------------------
+# Every error the file system gives the demo becomes a FileError naming the
+# path and what the demo was doing with it (exit status 2, one line).
+
+def make_dir(path: str, what: str) -> None:
+    """Creates directory `path` where it is missing; `what` names it in errors."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:  # exist_ok: something other than a directory is there
+        raise DemoError(f"{what} {path!r}: not a directory") from None
+    except OSError as e:
+        raise files.failed(f"{what} {path!r}: cannot be created", e) from None
+
+
+def writable_dir(path: str, what: str) -> None:
+    """Creates `path` and creates and removes a file in it, so that a directory
+    the demo cannot write to is named before any work is done."""
+    make_dir(path, what)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:  # named without the probe's name, which says nothing to the reader
+        raise files.failed(f"{what} {path!r}: cannot write there", OSError(e.errno, e.strerror)) from None
+
+
+def save(path: str, what: str, data) -> None:
+    """Writes `data` (bytes, or a function that writes to a binary file) to
+    `path`, whole or not at all; `what` names the file in errors."""
+    write = data if callable(data) else (lambda f: f.write(data))
+    try:
+        files.write_atomic(path, write)
+    except OSError as e:
+        raise files.failed(f"cannot write {what} {path!r}", e) from None
+
+
+def discard(path: str) -> None:
+    """Removes a file written in part, where it can."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def json_bytes(doc, indent: Optional[int] = None) -> bytes:
+    return json.dumps(doc, indent=indent).encode("utf-8")
 
 
 # --- sizes, as Note [Size syntax] (csrc/base/size.h) -------------------------------
@@ -174,8 +227,7 @@ def derive_trace(trace: dict, user_files: Dict[str, str], path: str) -> Dict[str
             m.pop(k, None)
         m["layers"] = [{"name": name, "bytes": sum(t.nbytes for _, t in ts)} for name, ts in groups]
         layers[m["name"]] = {name: [[f, t.name] for f, t in ts] for name, ts in groups}
-    with open(path, "w") as fh:
-        json.dump(trace, fh, indent=1)
+    save(path, "the derived trace", json_bytes(trace, indent=1))
     return layers
 
 
@@ -209,6 +261,8 @@ def find_sim() -> str:
 def run_sim(sim: str, trace: str, args: Sequence[str]) -> dict:
     cmd = [sim, "--trace", trace, "--json", *args]
     p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode < 0:  # SIGXFSZ past a file size limit, for one
+        raise DemoError(f"pins-sim ({sim}) was stopped by {signal.Signals(-p.returncode).name}")
     if p.returncode != 0:
         raise DemoError(f"pins-sim refused the trace or an option: {p.stderr.strip() or p.stdout.strip()}")
     return json.loads(p.stdout)
@@ -222,11 +276,27 @@ def plan_runs(trace: dict, sim_json: dict, dump_path: str) -> List[dict]:
     first_policy = sim_json["runs"][0]["policy"]
     runs = [r for r in sim_json["runs"] if r["policy"] == first_policy]
     accesses: Dict[Tuple[int, int], List[list]] = {}
-    with open(dump_path) as f:
-        for line in f:
-            a = json.loads(line)
-            accesses.setdefault((a["run"], a["step"]), []).append(
-                [a["key"], a["bytes"], a["kind"], bool(a["resident"]), a.get("signature")])
+    incomplete = f"pins-sim's access dump {dump_path!r} is incomplete (a full disk?)"
+    try:
+        with open(dump_path) as f:
+            for line in f:
+                try:
+                    a = json.loads(line)
+                except json.JSONDecodeError:
+                    discard(dump_path)
+                    raise DemoError(f"{incomplete}: a line is cut short") from None
+                accesses.setdefault((a["run"], a["step"]), []).append(
+                    [a["key"], a["bytes"], a["kind"], bool(a["resident"]), a.get("signature")])
+    except OSError as e:
+        raise files.failed(f"cannot read pins-sim's access dump {dump_path!r}", e) from None
+    # pins-sim does not report a dump it could not write whole; each access is a
+    # pin hit or miss, so the counts tell.
+    for r in runs:
+        dumped = sum(len(v) for (run, _), v in accesses.items() if run == r["run"])
+        if dumped != r["pin_hits"] + r["pin_misses"]:
+            discard(dump_path)
+            raise DemoError(f"{incomplete}: run {r['run']} has {dumped} accesses in it, pins-sim counted "
+                            f"{r['pin_hits'] + r['pin_misses']}")
     plan = []
     for r in runs:
         p = prompts[r["prompt"]]
@@ -261,8 +331,9 @@ def synthetic_layout(plan: List[dict]) -> Tuple[Dict[str, Dict[str, int]], Dict[
     return models, loras
 
 
-def write_synthetic(path: str, tensors: Dict[str, int], trace_name: str, seed: int) -> None:
-    """A safetensors file of random fp16 weights in [-1, 1) (uint8 for an odd size)."""
+def write_synthetic(path: str, tensors: Dict[str, int], trace_name: str, seed: int) -> str:
+    """A safetensors file of random fp16 weights in [-1, 1) (uint8 for an odd
+    size); returns the digest of its bytes."""
     import numpy as np
     rng = np.random.default_rng(seed)
     specs = [(name,) + files.synthetic_shape(n) for name, n in tensors.items()]
@@ -278,7 +349,13 @@ def write_synthetic(path: str, tensors: Dict[str, int], trace_name: str, seed: i
             else:
                 f.write(rng.bytes(n))
             done += n
-    files.write_file(path, specs, {"pins_demo_trace": trace_name, "format": "pt"}, fill)
+    return files.write_file(path, specs, {"pins_demo_trace": trace_name, "format": "pt"}, fill)
+
+
+def synthetic_seed(trace_name: str, name: str) -> int:
+    """The seed of the synthetic file `name` (relative to the models directory):
+    the same file is written with the same bytes, whichever others are written with it."""
+    return int.from_bytes(hashlib.sha256(f"{trace_name}\0{name}".encode()).digest()[:8], "little")
 
 
 def shard_name(layer: str) -> str:
@@ -287,32 +364,55 @@ def shard_name(layer: str) -> str:
 
 def ensure_files(models_dir: str, layout: Dict[str, Dict[str, int]], loras: Dict[str, Dict[str, int]],
                  user_files: Dict[str, str], trace_name: str, progress) -> Dict[str, str]:
-    """Writes the synthetic files the trace needs where they are missing or stale
-    (a directory per model, a file per layer: Note [Demo files]); returns {lora: path}."""
-    todo = []
+    """Writes the synthetic files the trace needs where they are missing, stale
+    or no longer what the demo wrote (a directory per model, a file per layer:
+    Note [Demo files]; Note [Demo digests]); returns {lora: path}. The user's
+    files (--files) are theirs: neither checked nor written."""
+    wanted: List[Tuple[str, Dict[str, int]]] = []
     for model, layers in layout.items():
         if model in user_files:
             continue
-        for layer, n in layers.items():
-            path = os.path.join(models_dir, model, shard_name(layer))
-            why = files.check_synthetic(path, {f"{layer}.weight": n}, trace_name)
-            if why:
-                todo.append((path, {f"{layer}.weight": n}, why))
-    lora_paths = {}
-    for lora, tensors in loras.items():
-        path = os.path.join(models_dir, f"lora_{lora}.safetensors")
-        lora_paths[lora] = path
-        why = files.check_synthetic(path, dict(tensors), trace_name)
+        make_dir(os.path.join(models_dir, model), "model directory")
+        wanted += [(os.path.join(models_dir, model, shard_name(layer)), {f"{layer}.weight": n})
+                   for layer, n in layers.items()]
+    lora_paths = {lora: os.path.join(models_dir, f"lora_{lora}.safetensors") for lora in loras}
+    wanted += [(lora_paths[lora], dict(tensors)) for lora, tensors in loras.items()]
+
+    digests = files.Digests(models_dir)
+    todo, unproven = [], []
+    for path, tensors in wanted:
+        try:
+            why = files.check_synthetic(path, tensors, trace_name) or digests.recorded(path)
+            if not why and not digests.proven(path):
+                unproven.append((path, tensors))
+        except OSError as e:
+            raise files.failed(f"cannot check model file {path!r}", e) from None
         if why:
-            todo.append((path, dict(tensors), why))
+            todo.append((path, tensors, why))
+    if unproven:
+        progress(f"checking {len(unproven)} files ({gib(sum(sum(t.values()) for _, t in unproven))} GiB) against "
+                 f"their digests in {digests.path} (written or changed since their last check)")
+        for path, tensors in unproven:
+            try:
+                why = digests.verify(path)
+            except OSError as e:
+                raise files.failed(f"cannot check model file {path!r}", e) from None
+            if why:
+                progress(f"  {path}: {why}: writing it again")
+                todo.append((path, tensors, why))
+        digests.save()
     if todo:
         total = sum(sum(t[1].values()) for t in todo)
         progress(f"writing {len(todo)} safetensors files ({gib(total)} GiB) to {models_dir} "
                  f"({todo[0][2]}{', ...' if len(todo) > 1 else ''})")
         t0 = time.perf_counter()
-        for k, (path, tensors, _) in enumerate(todo):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_synthetic(path, tensors, trace_name, k)
+        for path, tensors, _ in todo:
+            try:
+                digests.record(path, write_synthetic(path, tensors, trace_name,
+                                                     synthetic_seed(trace_name, os.path.relpath(path, models_dir))))
+            except OSError as e:
+                raise files.failed(f"cannot write model file {path!r}", e) from None
+            digests.save()  # after each file: what a later failure leaves written stays recorded
         progress(f"  written in {time.perf_counter() - t0:.1f} s")
     return lora_paths
 
@@ -324,21 +424,23 @@ def disk_accounting_works(directory: str) -> Tuple[bool, str]:
     page cache here (it does not under some containers and file systems)."""
     if read_bytes() is None:
         return False, "/proc/self/io has no read_bytes here"
-    os.makedirs(directory, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix=".io-probe-", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(4 << 20))
-            f.flush()
-            os.fsync(f.fileno())
-        files.drop_from_page_cache(path)
-        before = read_bytes()
-        with open(path, "rb") as f:
-            while f.read(1 << 20):
-                pass
-        moved = read_bytes() - before
-    finally:
-        os.unlink(path)
+        fd, path = tempfile.mkstemp(prefix=".io-probe-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(4 << 20))
+                f.flush()
+                os.fsync(f.fileno())
+            files.drop_from_page_cache(path)
+            before = read_bytes()
+            with open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+            moved = read_bytes() - before
+        finally:
+            os.unlink(path)
+    except OSError as e:
+        raise files.failed(f"cannot write and read a 4 MiB probe file in {directory!r}", e) from None
     if moved < (4 << 20) * 0.9:
         return False, (f"reading a 4 MiB file dropped from the page cache moved /proc/self/io read_bytes by "
                        f"{moved} bytes: the kernel does not account this file system's reads here")
@@ -382,20 +484,29 @@ def replay_policy(policy: str, spec: dict, out_dir: str, progress: Progress, nru
                                               f"memory_max_age_us:{DEMO_READING_AGE_US}", f"system_root:{root}",
                                               f"policy:{policy if policy != 'none' else 'mru'}",
                                               f"headroom:{spec['machine']['headroom']}", conf]))
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
+    save(spec_path, f"the {policy} replay's spec", json_bytes(spec))
     cmd = [sys.executable, REPLAY, spec_path]
     label = f"{policy:>5}"
     err_path = os.path.join(out_dir, f"replay_{policy}.stderr")
-    with open(err_path, "w") as err_file:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, env=env)
-        _follow(p, label, progress, nruns)
-    with open(err_path) as f:
-        err = f.read()
+    try:
+        with open(err_path, "w") as err_file:
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, env=env)
+            _follow(p, label, progress, nruns)
+        with open(err_path) as f:
+            err = f.read()
+    except OSError as e:
+        raise files.failed(f"cannot write or read the {policy} replay's log {err_path!r}", e) from None
+    if p.returncode == FILE_ERROR:
+        said = [line for line in err.splitlines() if line.startswith(FILE_ERROR_PREFIX)]
+        if said:
+            raise files.FileError(f"the {policy} replay: {said[-1][len(FILE_ERROR_PREFIX):]}")
     if p.returncode != 0:
         raise RuntimeError(f"the {policy} replay failed (exit status {p.returncode}; {err_path}):\n{err.strip()}")
-    with open(spec["result"]) as f:
-        return json.load(f)
+    try:
+        with open(spec["result"]) as f:
+            return json.load(f)
+    except OSError as e:
+        raise files.failed(f"cannot read the {policy} replay's result {spec['result']!r}", e) from None
 
 
 def _follow(p: subprocess.Popen, label: str, progress: Progress, nruns: int) -> None:
@@ -475,7 +586,8 @@ def table(policies: List[str], measured: Dict[str, dict], predicted: Dict[str, L
     return lines
 
 
-def plot(report: dict, path: str) -> None:
+def plot(report: dict, f) -> None:
+    """The PNG of the report, written to binary file `f`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -508,8 +620,10 @@ def plot(report: dict, path: str) -> None:
         ax.grid(axis="y", alpha=0.3)
     fig.text(0.01, 0.005, report["machine_text"], fontsize=7, color="#555555")
     fig.tight_layout(rect=(0, 0.02, 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(f, format="png", dpi=100)
+    finally:
+        plt.close(fig)
 
 
 # --- the command -------------------------------------------------------------------------
@@ -519,7 +633,8 @@ def parser() -> argparse.ArgumentParser:
         prog="profiling/demo/demo.py",
         description="Replays a workflow trace through pins on real safetensors files, per policy and without pins, "
                     "and compares the measured disk reads with pins-sim's prediction for the same machine. Exit "
-                    "status 0 when it ran, 2 for a bad option, file or trace, 1 when a replay failed.")
+                    "status 0 when it ran; 2 for a bad option, file or trace, or a file or directory it cannot "
+                    "read or write (one line that names it); 1 when a replay failed otherwise.")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help=f"the workflow, in pins-sim's trace format (default: {DEFAULT_TRACE} of the checkout)")
     p.add_argument("--sequence", default=None, metavar="NAME", help="the trace's sequence to replay (default: its first)")
@@ -679,8 +794,12 @@ def predict(sim_trace: str, mach: Dict[str, int], opts: Options, conf: str) -> T
         sim_args += ["--runs", str(opts.runs)]
     dump = os.path.join(opts.out, "accesses.jsonl")
     sim_policies = [p for p in opts.policies if p != "none"] or ["lru"]
-    predicted_json = run_sim(sim, sim_trace, sim_args + ["--policy", ",".join(sim_policies),
-                                                         "--dump-accesses", dump] + (["--conf", conf] if conf else []))
+    try:
+        predicted_json = run_sim(sim, sim_trace, sim_args + ["--policy", ",".join(sim_policies), "--dump-accesses",
+                                                             dump] + (["--conf", conf] if conf else []))
+    except DemoError:
+        discard(dump)  # what pins-sim wrote of it before it failed
+        raise
     predicted: Dict[str, List[dict]] = {p: [r for r in predicted_json["runs"] if r["policy"] == p]
                                         for p in sim_policies}
     if "none" in opts.policies:
@@ -753,12 +872,11 @@ def build_report(sim_trace: str, predicted_json: dict, mach: Dict[str, int], mac
 def write_report(report: dict, out: str, with_plot: bool) -> Tuple[str, Optional[str]]:
     """report.json and (unless --no-plot) demo.png in `out`: their paths, None for no plot."""
     report_path = os.path.join(out, "report.json")
-    with open(report_path, "w") as f:
-        json.dump(report, f, indent=1)
+    save(report_path, "the report", json_bytes(report, indent=1))
     if not with_plot:
         return report_path, None
     plot_path = os.path.join(out, "demo.png")
-    plot(report, plot_path)
+    save(plot_path, "the plot", lambda f: plot(report, f))
     return report_path, plot_path
 
 
@@ -784,7 +902,7 @@ def run(args: argparse.Namespace) -> int:
     opts = check_options(args)
     trace = load_trace(opts.trace_path)
     mach = modelled_machine(trace, opts.trace_path, args)
-    os.makedirs(opts.out, exist_ok=True)
+    writable_dir(opts.out, "--out")
     user_files = parse_files_option(args.files, trace) if args.files is not None else {}
     sim_trace, layer_tensors = simulated_trace(trace, opts, user_files)
     dev = choose_device(args.device, mach)
@@ -793,6 +911,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan = plan_runs(trace, predicted_json, dump)
     layout, lora_layout = synthetic_layout(plan)
+    writable_dir(opts.models_dir, "--models-dir" if args.models_dir is not None else "models directory")
     lora_paths = ensure_files(opts.models_dir, layout, lora_layout, user_files, trace.get("name", ""), progress.line)
     disk_ok, disk_why = disk_accounting_works(opts.models_dir)
     if not disk_ok:
@@ -820,6 +939,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run(args)
     except (DemoError, files.FileError) as e:
         print(f"demo: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    except OSError as e:  # one the demo did not expect where it met it: still named, still no traceback
+        print(f"demo: {files.failed(None, e)}", file=sys.stderr)
         return USAGE_ERROR
     except RuntimeError as e:
         print(f"demo: {e}", file=sys.stderr)

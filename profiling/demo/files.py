@@ -20,13 +20,37 @@ dropped without touching another (Note [Demo page cache] in replay.py).
 A user's files (--files) are read as they are, one file or a directory of
 shards per model.
 
+Note [Demo digests]
+The demo checks that a synthetic file it reuses holds the bytes it wrote: a
+file of the right size whose bytes changed (a disk error, a copy gone wrong,
+an edit) would otherwise be replayed as it is. digests.json beside the files
+records, for each, the SHA-256 of the bytes written (hashed as they are
+written; hashlib's fastest digest here, 1.2 GiB/s) and the file's status when
+last checked: size, mtime, ctime, inode. A file is hashed again only when its
+status does not prove it unchanged since. Hashing all 2.65 GB of the default
+trace's files takes 5-6 s here from disk (2 s from the page cache); a stat
+per file, 3 ms in all. mtime proves nothing: it can be set back (touch -d,
+cp -p, rsync -t). ctime cannot (short of setting the clock): the kernel sets
+it to the current time on every write, truncation, rename or utime. But a
+status taken within RACY_NS of the file's ctime proves nothing either: a write
+in the same tick of the file system's clock (coarse, down to seconds on some
+file systems) leaves ctime as it was (git's "racily clean" index entries). A
+file's status is taken as it is written, so the first check after writing
+hashes each file once, reading back from the disk what was written (the
+replays drop the files from the page cache); later starts cost a stat per
+file. What this misses is a change made beneath the file system (a failing
+disk, a raw write to the device), which changes no status. A file the demo
+did not write (--files) is not checked.
+
 Standard library only: the parent process of the demo never imports torch for
 this (the files' bytes are written by ``write_file``'s caller).
 """
+import hashlib
 import json
 import os
 import re
 import struct
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 PAGE = 4096
@@ -35,6 +59,12 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2
                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 # A header larger than this is not a safetensors header (the format's own limit is 100 MB).
 MAX_HEADER = 100 * 1000 * 1000
+# The synthetic files' digest, and the file beside them that records it (Note [Demo digests]).
+DIGEST = "sha256"
+DIGESTS_FILE = "digests.json"
+# How long after a file's ctime its status must be taken to prove it unchanged since: longer than the
+# coarsest timestamps of a Linux file system (1 s, or 2 s for FAT's) plus a clock tick.
+RACY_NS = 3 * 10**9
 
 
 class FileError(ValueError):
@@ -44,6 +74,39 @@ class FileError(ValueError):
 def named(what: str, path: str) -> str:
     """How an error names a file: ``--files unet='/x.safetensors'``, ``file '/x'``."""
     return f"{what}{path!r}" if what.endswith("=") else f"{what} {path!r}"
+
+
+def failed(doing: Optional[str], e: OSError) -> FileError:
+    """The FileError of an OSError met while `doing` (``cannot write model file
+    '/x'``): the system's reason, and the paths it names that `doing` does not.
+    Without `doing`, the paths and the reason."""
+    reason = e.strerror or str(e) or type(e).__name__
+    reason = reason[:1].lower() + reason[1:]
+    paths = [repr(os.fsdecode(f)) for f in (e.filename, e.filename2) if f is not None]
+    if doing is None:
+        return FileError(f"{' -> '.join(paths) or 'a file'}: {reason}")
+    others = [f for f in paths if f not in doing]
+    return FileError(f"{doing}: {reason}" + (f" ({', '.join(others)})" if others else ""))
+
+
+def write_atomic(path: str, write: Callable[[object], None], sync: bool = False) -> None:
+    """Calls `write(f)` on a binary file that becomes `path` only once written
+    whole (renamed from ``path.partial``; synced first with `sync`): a failure,
+    an interrupt included, leaves `path` as it was and no partial file."""
+    tmp = path + ".partial"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:  # never created, or not ours to remove (a directory of that name)
+            pass
+        raise
 
 
 class TensorEntry:
@@ -88,6 +151,8 @@ def read_header(path: str, what: str = "file") -> Header:
         raise bad("is a directory, not a safetensors file") from None
     except PermissionError:
         raise bad("cannot be read (permission denied)") from None
+    except OSError as e:
+        raise failed(f"{named(what, path)}: cannot be read", e) from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -118,15 +183,27 @@ def read_header(path: str, what: str = "file") -> Header:
     return Header(path, data_start, tensors, {str(k): str(v) for k, v in metadata.items()})
 
 
+class _Hashing:
+    """A file's writer that also hashes what goes through it."""
+
+    def __init__(self, f, digest):
+        self.f, self.digest = f, digest
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.f.write(data)
+
+
 def write_file(path: str, tensors: Sequence[Tuple[str, str, List[int]]], metadata: Dict[str, str],
-               fill: Callable[[int, int, object], None]) -> None:
+               fill: Callable[[int, int, object], None]) -> str:
     """Writes a safetensors file whose data starts on a page: with tensors of whole
     pages (the demo's layers), every tensor starts on one (the format allows no
     gaps between tensors, so other sizes shift the ones after them).
 
     `tensors` is (name, dtype, shape) in file order. `fill(i, nbytes, f)` writes tensor i's bytes to the open
     file `f`. The file is written under a temporary name, synced and renamed, so
-    an interrupted run leaves no half-written file under `path`."""
+    a failed or interrupted write leaves no half-written file (write_atomic).
+    Returns the digest of the bytes written (Note [Demo digests])."""
     header: Dict[str, object] = {"__metadata__": dict(metadata)}
     offset = 0
     sizes = []
@@ -140,15 +217,16 @@ def write_file(path: str, tensors: Sequence[Tuple[str, str, List[int]]], metadat
         sizes.append(nbytes)
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * ((-(8 + len(text))) % PAGE)  # the data starts on a page
-    tmp = path + ".partial"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
+    digest = hashlib.new(DIGEST)
+
+    def write(f) -> None:
+        out = _Hashing(f, digest)
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text)
         for i, nbytes in enumerate(sizes):
-            fill(i, nbytes, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+            fill(i, nbytes, out)
+    write_atomic(path, write, sync=True)  # synced: drop_from_page_cache drops written-back pages only
+    return digest.hexdigest()
 
 
 def drop_from_page_cache(path: str, begin: int = 0, length: int = 0) -> None:
@@ -181,7 +259,10 @@ def model_files(path: str, what: str) -> List[str]:
     """The safetensors files of a model: `path` itself, or every *.safetensors in
     directory `path` (a sharded checkpoint), sorted."""
     if os.path.isdir(path):
-        found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+        try:
+            found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
+        except OSError as e:
+            raise failed(f"{named(what, path)}: cannot be listed", e) from None
         if not found:
             raise FileError(f"{named(what, path)}: a directory with no .safetensors file in it")
         return found
@@ -217,9 +298,15 @@ def synthetic_shape(nbytes: int) -> Tuple[str, List[int]]:
 
 def check_synthetic(path: str, expected: Dict[str, int], trace_name: str) -> Optional[str]:
     """None when the demo's file at `path` holds exactly the `expected` tensors
-    (name -> bytes) written for `trace_name`; else why it must be written again."""
+    (name -> bytes) written for `trace_name`; else why it must be written again.
+    Raises FileError when something other than a file is in its place: that is
+    not the demo's to replace."""
     if not os.path.exists(path):
         return "not written yet"
+    if not os.path.isfile(path):
+        kind = "a directory" if os.path.isdir(path) else "not a regular file"
+        raise FileError(f"model file {path!r}: is {kind}; the demo writes its file there: move it away or choose "
+                        "another --models-dir")
     try:
         h = read_header(path)
     except FileError as e:
@@ -232,3 +319,91 @@ def check_synthetic(path: str, expected: Dict[str, int], trace_name: str) -> Opt
     if os.path.getsize(path) != h.tensors[-1].end:
         return "its size does not match its header"
     return None
+
+
+def file_digest(path: str) -> str:
+    digest = hashlib.new(DIGEST)
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                return digest.hexdigest()
+            digest.update(view[:n])
+
+
+def _status(st: os.stat_result) -> Dict[str, int]:
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
+
+
+class Digests:
+    """What the demo wrote in its models directory: DIGESTS_FILE there, {file
+    relative to the directory: its digest and status when recorded} (Note
+    [Demo digests]). Reading or writing it raises FileError naming it."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.path = os.path.join(directory, DIGESTS_FILE)
+        self.entries: Dict[str, dict] = {}
+        self.unreadable: Optional[str] = None  # why a digests file that is there was not used
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise failed(f"cannot read the digests of the demo's files {self.path!r}", e) from None
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+            entries = doc["files"] if doc.get("digest") == DIGEST else None
+            if not isinstance(entries, dict) or not all(
+                    isinstance(e, dict) and isinstance(e.get(DIGEST), str) for e in entries.values()):
+                raise ValueError(f"expected {{\"digest\": \"{DIGEST}\", \"files\": {{...}}}}")
+        except (ValueError, UnicodeDecodeError, AttributeError, KeyError) as e:
+            self.unreadable = f"{self.path!r} is not a digests file ({e})"
+            return
+        self.entries = entries
+
+    def _key(self, path: str) -> str:
+        return os.path.relpath(path, self.directory)
+
+    def recorded(self, path: str) -> Optional[str]:
+        """None when a digest of `path` is recorded; else why it must be written again."""
+        if self._key(path) in self.entries:
+            return None
+        return self.unreadable or f"no digest of it in {self.path!r}"
+
+    def proven(self, path: str) -> bool:
+        """Whether `path`'s status proves it unchanged since its digest was recorded."""
+        e = self.entries[self._key(path)]
+        st = os.stat(path)
+        return (_status(st) == {k: e.get(k) for k in ("size", "mtime_ns", "ctime_ns", "ino")}
+                and st.st_ctime_ns + RACY_NS <= e.get("checked_ns", 0))
+
+    def verify(self, path: str) -> Optional[str]:
+        """Hashes `path`: None when its bytes are the ones recorded (its status
+        is recorded anew), else why it must be written again."""
+        key = self._key(path)
+        st = os.stat(path)
+        if file_digest(path) != self.entries[key][DIGEST]:
+            del self.entries[key]
+            return f"its bytes differ from those the demo wrote ({DIGEST} in {DIGESTS_FILE})"
+        after = os.stat(path)
+        if _status(after) == _status(st):  # else changed while hashed: its next check hashes it again
+            self.entries[key] = dict(self.entries[key], **_status(after), checked_ns=time.time_ns())
+        return None
+
+    def forget(self, path: str) -> None:
+        self.entries.pop(self._key(path), None)
+
+    def record(self, path: str, digest: str) -> None:
+        """Records the digest of the bytes just written to `path`."""
+        self.entries[self._key(path)] = dict(_status(os.stat(path)), checked_ns=time.time_ns(), **{DIGEST: digest})
+
+    def save(self) -> None:
+        text = json.dumps({"digest": DIGEST, "files": self.entries}, indent=0, sort_keys=True).encode("utf-8")
+        try:
+            write_atomic(self.path, lambda f: f.write(text))
+        except OSError as e:
+            raise failed(f"cannot write the digests of the demo's files {self.path!r}", e) from None

@@ -52,6 +52,10 @@ from typing import Dict, List, Optional, Tuple
 import files
 
 MADV_DONTNEED = 4
+# How a replay says that a file or directory failed it (demo.py passes the line on as its own error):
+# exit status FILE_ERROR, its last line on standard error FILE_ERROR_PREFIX and the message.
+FILE_ERROR = 2
+FILE_ERROR_PREFIX = "replay: "
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
@@ -137,11 +141,12 @@ def file_mappings(path: str) -> List[Tuple[int, int, int]]:
 def write_meminfo(path: str, total: int, available: int) -> None:
     """A /proc/meminfo with the lines pins reads (csrc/system/sysmem.h), replaced
     whole so that a reader never sees half of it."""
-    tmp = path + ".next"
-    with open(tmp, "w") as f:
-        f.write(f"MemTotal: {total // 1024} kB\nMemFree: {available // 1024} kB\n"
-                f"MemAvailable: {available // 1024} kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n")
-    os.replace(tmp, path)
+    text = (f"MemTotal: {total // 1024} kB\nMemFree: {available // 1024} kB\n"
+            f"MemAvailable: {available // 1024} kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n").encode()
+    try:
+        files.write_atomic(path, lambda f: f.write(text))
+    except OSError as e:
+        raise files.failed(f"cannot write the modelled meminfo {path!r}", e) from None
 
 
 class Weight:
@@ -506,8 +511,11 @@ def write_result(spec: dict, device, setup: dict, replay: Replay, results: List[
            "runs": results}
     if replay.pins:
         out["stats"] = {k: v for k, v in replay.pins.stats().items() if not k.startswith("model.")}
-    with open(spec["result"], "w") as f:
-        json.dump(out, f, indent=1)
+    text = json.dumps(out, indent=1).encode()
+    try:
+        files.write_atomic(spec["result"], lambda f: f.write(text))
+    except OSError as e:
+        raise files.failed(f"cannot write the replay's result {spec['result']!r}", e) from None
 
 
 def main(spec_path: str) -> int:
@@ -539,4 +547,9 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         print("usage: replay.py SPEC.json (demo.py writes the spec and runs this)", file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    try:
+        sys.exit(main(sys.argv[1]))
+    except (files.FileError, OSError) as e:  # a file gone or unwritable: one line, no traceback
+        message = str(e if isinstance(e, files.FileError) else files.failed(None, e))
+        print(FILE_ERROR_PREFIX + " ".join(message.splitlines()), file=sys.stderr)
+        sys.exit(FILE_ERROR)

@@ -2,14 +2,17 @@
 against pins-sim.
 
 One run of the demo (tens of MB of files, two policies, three runs) is shared by
-the tests of this module; the error tests stop before any file is written.
+the tests of this module; the error tests stop before a replay, or at its start.
 Needs pins-sim ($PINS_SIM or build/bin), as make test builds it."""
 import ast
+import hashlib
 import json
 import os
+import resource
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,13 +51,18 @@ needs_sim = pytest.mark.skipif(not (os.path.isfile(SIM) and os.access(SIM, os.X_
                                reason=f"pins-sim is not built ({SIM}); make build builds it")
 
 
-def demo(*args, cwd=None):
-    """The demo as make demo runs it, its replays importing this checkout's torch_pins."""
+def demo(*args, cwd=None, file_size_limit=None):
+    """The demo as make demo runs it, its replays importing this checkout's torch_pins;
+    with `file_size_limit`, a write past that many bytes of a file fails (EFBIG)."""
     env = dict(os.environ, PINS_SIM=SIM)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(ROOT, "python_bindings"), env.get("PYTHONPATH")]))
     env.pop("PINS_CONF", None)
+
+    def limit():
+        # Python ignores SIGXFSZ, so the demo's write fails with EFBIG as a full disk's does with ENOSPC.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
     return subprocess.run([sys.executable, DEMO, *args], capture_output=True, text=True, env=env, cwd=cwd,
-                          timeout=300)
+                          timeout=300, preexec_fn=limit if file_size_limit else None)
 
 
 def demo_module():
@@ -70,6 +78,32 @@ def demo_here(capsys, *args):
     """The command in this process (the error paths stop before any replay): (status, stderr)."""
     rc = demo_module().main(list(args))
     return rc, capsys.readouterr().err
+
+
+def assert_file_error(rc, err, *parts):
+    """The demo met a file or directory it cannot use: exit status 2, no
+    traceback, and the last line ``demo: ...`` holding each of `parts`."""
+    assert rc == 2, err
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("demo: "), err
+    for part in parts:
+        assert part in last, err
+
+
+def leftovers(directory):
+    """Files under `directory` that a failed write would leave: partial ones, and
+    safetensors files whose size is not what their header says."""
+    files = demo_module().files
+    found = []
+    for d, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(d, name)
+            if name.endswith(".partial") or name.startswith((".write-probe-", ".io-probe-")):
+                found.append(path)
+            elif name.endswith(".safetensors") and os.path.getsize(path) != files.read_header(path).tensors[-1].end:
+                found.append(path)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -168,14 +202,30 @@ def test_disk_bytes_agree_with_the_simulator(small_run):
 def test_files_are_reused_on_the_second_run(small_run, trace_file):
     _, _, out = small_run
     models = out / "models"
-    before = {p: os.path.getmtime(os.path.join(d, p)) for d, _, fs in os.walk(models) for p in fs}
+    before = {p: os.path.getmtime(os.path.join(d, p)) for d, _, fs in os.walk(models) for p in fs
+              if p.endswith(".safetensors")}
     p = demo("--trace", trace_file, "--out", str(out), "--policy", "none", "--runs", "1", "--conf", CONF,
              "--no-plot")
     assert p.returncode == 0, p.stderr
     assert "writing" not in p.stderr
-    after = {p: os.path.getmtime(os.path.join(d, p)) for d, _, fs in os.walk(models) for p in fs}
+    after = {p: os.path.getmtime(os.path.join(d, p)) for d, _, fs in os.walk(models) for p in fs
+             if p.endswith(".safetensors")}
     assert before == after
     assert p.stdout.strip().splitlines()[-1].endswith("plot=none")
+
+
+@needs_sim
+def test_a_corrupted_file_is_written_again_before_the_replay(small_run, trace_file):
+    _, _, out = small_run
+    victim = out / "models" / "net" / "layer3.safetensors"
+    digest = hashlib.sha256(victim.read_bytes()).hexdigest()
+    corrupt(victim, PAGE + 4096)
+    p = demo("--trace", trace_file, "--out", str(out), "--policy", "none", "--runs", "1", "--conf", CONF,
+             "--no-plot")
+    assert p.returncode == 0, p.stderr
+    assert f"{victim}: its bytes differ from those the demo wrote" in p.stderr
+    assert p.stderr.index("writing 1 safetensors files") < p.stderr.index("none run 1/1")
+    assert hashlib.sha256(victim.read_bytes()).hexdigest() == digest
 
 
 @pytest.mark.parametrize("args,message", [
@@ -218,6 +268,272 @@ def test_bad_files_are_named(capsys, trace_file, tmp_path, content, message):
     rc, err = demo_here(capsys, "--trace", trace_file, "--out", str(tmp_path / "out"), "--files", f"net={f}")
     assert rc == 2, err
     assert f"--files net='{f}': " in err and message in err
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    path = tmp_path / "a_file"
+    path.write_text("not a directory")
+    return str(path)
+
+
+@pytest.mark.parametrize("option,where,message", [
+    ("--out", "{f}", "--out '{f}': not a directory"),
+    ("--out", "{f}/out", "--out '{f}/out': cannot be created: not a directory"),
+    # checked once pins-sim has planned the runs, before the first file is written
+    pytest.param("--models-dir", "{f}", "--models-dir '{f}': not a directory", marks=needs_sim),
+    pytest.param("--models-dir", "{f}/models", "--models-dir '{f}/models': cannot be created: not a directory",
+                 marks=needs_sim),
+])
+def test_an_out_that_is_a_file_is_named(capsys, trace_file, tmp_path, a_file, option, where, message):
+    args = ["--out", str(tmp_path / "out")] if option == "--models-dir" else []
+    rc, err = demo_here(capsys, "--trace", trace_file, *args, option, where.format(f=a_file))
+    assert_file_error(rc, err, message.format(f=a_file))
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory no file can be created in: without write permission, or
+    (for root, whom permissions do not stop) a read-only tmpfs."""
+    path = tmp_path / "read_only"
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        yield str(path), "permission denied"
+        path.chmod(0o755)
+        return
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        pytest.skip(f"root, and cannot mount a read-only tmpfs here: {p.stderr.strip()}")
+    try:
+        yield str(path), "read-only file system"
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_an_out_that_cannot_be_written_is_named(capsys, trace_file, read_only_dir):
+    path, reason = read_only_dir
+    rc, err = demo_here(capsys, "--trace", trace_file, "--out", path)
+    assert_file_error(rc, err, f"--out '{path}': cannot write there: {reason}")
+    rc, err = demo_here(capsys, "--trace", trace_file, "--out", os.path.join(path, "out"))
+    assert_file_error(rc, err, f"--out '{path}/out': cannot be created: {reason}")
+
+
+def test_an_os_error_nothing_expected_is_named_in_one_line(capsys, trace_file, tmp_path, monkeypatch):
+    """The last resort: an OSError the demo did not wrap where it met it is
+    still one line that names the path, exit status 2."""
+    module = demo_module()
+
+    def gone(path):
+        raise FileNotFoundError(2, "No such file or directory", "/gone/file")
+    monkeypatch.setattr(module, "load_trace", gone)
+    rc, err = demo_here(capsys, "--trace", trace_file, "--out", str(tmp_path))
+    assert_file_error(rc, err, "demo: '/gone/file': no such file or directory")
+
+
+@needs_sim
+@pytest.mark.parametrize("make,message", [
+    (lambda m: os.makedirs(m / "enc" / "layer0.safetensors"),
+     "model file '{m}/enc/layer0.safetensors': is a directory; the demo writes its file there"),
+    (lambda m: (m / "enc").write_text("a file"), "model directory '{m}/enc': not a directory"),
+])
+def test_something_else_where_a_model_file_goes_is_named(capsys, trace_file, tmp_path, make, message):
+    models = tmp_path / "out" / "models"
+    models.mkdir(parents=True)
+    make(models)
+    rc, err = demo_here(capsys, "--trace", trace_file, "--out", str(tmp_path / "out"), "--conf", CONF)
+    assert_file_error(rc, err, message.format(m=models))
+    assert leftovers(tmp_path) == []
+
+
+@needs_sim
+def test_a_write_that_fails_is_named_and_leaves_no_partial_file(trace_file, tmp_path):
+    """Any write that fails partway (a full disk, a quota, a file size limit:
+    here the last, which needs no special file system) ends in one line that
+    names the file; the file is not left half-written."""
+    out = tmp_path / "out"
+    p = demo("--trace", trace_file, "--out", str(out), "--policy", "none", "--runs", "1", "--conf", CONF,
+             file_size_limit=3 << 20)  # below the trace's 4 MiB layers
+    assert_file_error(p.returncode, p.stderr, "demo: cannot write model file ", f"'{out}/models/", ": file too large")
+    assert leftovers(tmp_path) == []
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 20 MB file system: the test trace's 52 MiB of files do not fit."""
+    path = tmp_path / "small"
+    path.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(path)], capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {p.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@needs_sim
+def test_a_full_disk_is_named_and_leaves_no_partial_file(trace_file, small_tmpfs):
+    p = demo("--trace", trace_file, "--out", str(small_tmpfs / "out"), "--policy", "none", "--runs", "1",
+             "--conf", CONF)
+    assert_file_error(p.returncode, p.stderr, "demo: cannot write ", f"'{small_tmpfs}/out/",
+                      ": no space left on device")
+    assert leftovers(small_tmpfs) == []
+    # What was written whole is recorded, and reused by a run that has the room.
+    digests = json.loads((small_tmpfs / "out" / "models" / "digests.json").read_text())["files"]
+    written = [os.path.relpath(os.path.join(d, f), small_tmpfs / "out" / "models")
+               for d, _, fs in os.walk(small_tmpfs / "out" / "models") for f in fs if f.endswith(".safetensors")]
+    assert written and sorted(digests) == sorted(written)
+
+
+@needs_sim
+def test_a_file_gone_before_the_replay_is_named(capsys, trace_file, tmp_path, monkeypatch):
+    """A replay that meets a file it cannot use says so in one line, which the
+    demo passes on as its own error."""
+    module = demo_module()
+    ensure_files = module.ensure_files
+    gone = tmp_path / "out" / "models" / "vae" / "layer1.safetensors"
+
+    def written_then_removed(*args, **kwargs):
+        result = ensure_files(*args, **kwargs)
+        os.remove(gone)
+        return result
+    monkeypatch.setattr(module, "ensure_files", written_then_removed)
+    monkeypatch.setenv("PYTHONPATH", os.path.join(ROOT, "python_bindings"))
+    rc, err = demo_here(capsys, "--trace", trace_file, "--out", str(tmp_path / "out"), "--policy", "none",
+                        "--runs", "1", "--conf", CONF, "--no-plot")
+    assert_file_error(rc, err, f"demo: the none replay: file '{gone}': no such file")
+
+
+def test_an_incomplete_access_dump_is_named_and_removed(tmp_path):
+    """pins-sim exits 0 when it could not write all of its access dump (a full
+    disk); the demo counts the accesses against pins-sim's hits and misses."""
+    module = demo_module()
+    trace = {"prompts": [{"name": "p", "steps": [{"model": "m"}]}]}
+    sim_json = {"runs": [{"policy": "lru", "run": 1, "prompt": "p", "pin_hits": 1, "pin_misses": 1}]}
+    line = json.dumps({"run": 1, "step": 1, "key": "m/l", "bytes": 4096, "kind": "weights", "resident": True})
+    dump = tmp_path / "accesses.jsonl"
+    for content, message in [(line + "\n", "run 1 has 1 accesses in it, pins-sim counted 2"),
+                             (line + "\n" + line[:20], "a line is cut short")]:
+        dump.write_text(content)
+        with pytest.raises(module.DemoError, match="is incomplete") as e:
+            module.plan_runs(trace, sim_json, str(dump))
+        assert f"'{dump}'" in str(e.value) and message in str(e.value)
+        assert not dump.exists()
+    dump.write_text(line + "\n" + line + "\n")
+    assert len(module.plan_runs(trace, sim_json, str(dump))[0]["steps"][0]["accesses"]) == 2
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+def test_a_failed_write_leaves_the_file_as_it_was(tmp_path, failure):
+    files = demo_module().files
+    path = tmp_path / "f.json"
+    path.write_bytes(b"before")
+
+    def write(f):
+        f.write(b"half of it")
+        raise failure
+    with pytest.raises(type(failure)):
+        files.write_atomic(str(path), write)
+    assert os.listdir(tmp_path) == ["f.json"] and path.read_bytes() == b"before"
+
+
+# --- the digests of the synthetic files (Note [Demo digests]) ---------------------------
+
+LAYOUT = {"enc": {"layer0": 2 * PAGE, "layer1": 3 * PAGE}, "net": {"layer0": 4 * PAGE}}
+LORAS = {"style": {"layer0.lora_up": 1024}}
+
+
+def ensure(models_dir, user_files=None):
+    """ensure_files on the small layout: the progress lines it printed."""
+    lines = []
+    demo_module().ensure_files(str(models_dir), LAYOUT, LORAS, user_files or {}, "t", lines.append)
+    return lines
+
+
+def corrupt(path, offset):
+    """Changes bytes of `path` in place, leaving its size and mtime as they were."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(8)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in old))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.path.getsize(path) == st.st_size
+
+
+def contents(models_dir):
+    return {os.path.relpath(os.path.join(d, f), models_dir): open(os.path.join(d, f), "rb").read()
+            for d, _, fs in os.walk(models_dir) for f in fs if f.endswith(".safetensors")}
+
+
+def test_a_corrupted_file_is_found_and_written_again(tmp_path):
+    """Right size, right header, mtime as written, bytes changed: checked
+    against its digest before use, and written again with the same bytes."""
+    models = tmp_path / "models"
+    ensure(models)
+    written = contents(models)
+    victim = models / "net" / "layer0.safetensors"
+    corrupt(victim, PAGE + 100)  # in the tensor's bytes: the header still checks
+    lines = ensure(models)
+    assert f"  {victim}: its bytes differ from those the demo wrote (sha256 in digests.json): writing it again" \
+        in lines, lines
+    assert any(line.startswith("writing 1 safetensors files") for line in lines), lines
+    assert contents(models) == written
+    # A LoRA file is the demo's too.
+    lora = models / "lora_style.safetensors"
+    corrupt(lora, os.path.getsize(lora) - 8)
+    assert any(f"{lora}: its bytes differ" in line for line in ensure(models))
+    assert contents(models) == written
+
+
+def test_a_file_is_hashed_only_when_its_status_does_not_prove_it_unchanged(tmp_path, monkeypatch):
+    """Unchanged files cost a stat each; a change with the mtime set back
+    changes the ctime, which no one can set back, and the file is hashed."""
+    files = demo_module().files
+    hashed = []
+    file_digest = files.file_digest
+    monkeypatch.setattr(files, "file_digest", lambda path: hashed.append(path) or file_digest(path))
+    monkeypatch.setattr(files, "RACY_NS", 200_000_000)
+    models = tmp_path / "models"
+    ensure(models)
+    assert hashed == []  # the digest of what was written is taken as it is written
+    time.sleep(0.3)
+    ensure(models)
+    assert len(hashed) == 4  # recorded within RACY_NS of their writing: proved nothing then
+    del hashed[:]
+    assert ensure(models) == [] and hashed == []
+    victim = models / "enc" / "layer1.safetensors"
+    corrupt(victim, PAGE)
+    lines = ensure(models)
+    assert hashed == [str(victim)], lines
+    assert any(f"{victim}: its bytes differ" in line for line in lines)
+
+
+def test_files_without_a_digest_are_written_again(tmp_path):
+    models = tmp_path / "models"
+    ensure(models)
+    written = contents(models)
+    (models / "digests.json").write_text("{not json")
+    lines = ensure(models)
+    assert any(line.startswith("writing 4 safetensors files") and "is not a digests file" in line
+               for line in lines), lines
+    (models / "digests.json").unlink()
+    assert any(line.startswith("writing 4 safetensors files") and "no digest of it in" in line for line in ensure(models))
+    assert contents(models) == written
+    assert json.loads((models / "digests.json").read_text())["files"].keys() == written.keys()
+
+
+def test_the_users_files_are_not_checked(tmp_path):
+    """A model given with --files is the user's: the demo neither hashes nor writes it."""
+    models = tmp_path / "models"
+    ensure(models, user_files={"net": str(tmp_path / "theirs.safetensors")})
+    assert sorted(contents(models)) == ["enc/layer0.safetensors", "enc/layer1.safetensors", "lora_style.safetensors"]
+    assert not (models / "net").exists()
+    assert sorted(json.loads((models / "digests.json").read_text())["files"]) == sorted(contents(models))
 
 
 def imported_modules(path):
