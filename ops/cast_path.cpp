@@ -65,7 +65,7 @@ uint64_t span_bytes(const at::Tensor& t) {
 class StorageGuard final : public SourceGuard {
  public:
   struct File {
-    std::weak_ptr<files::MappedFile> file;
+    std::shared_ptr<files::FileWatch> watch;
     uint64_t changes = 0;
   };
   StorageGuard(std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak, std::vector<File> files)
@@ -79,10 +79,7 @@ class StorageGuard final : public SourceGuard {
   }
 
  private:
-  static bool same(const File& f, bool look) {
-    const std::shared_ptr<files::MappedFile> file = f.file.lock();
-    return file != nullptr && file->changes(look) == f.changes;
-  }
+  static bool same(const File& f, bool look) { return f.watch->changes(look) == f.changes; }
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_;
   std::vector<File> files_;
 };
@@ -97,7 +94,7 @@ std::unique_ptr<SourceGuard> storage_guard(c10::ArrayRef<at::Tensor> sources) {
     files::FileRange where;
     const uint64_t span = span_bytes(t);
     if (files::any_mapped() && span != 0 && files::find_mapped(t.const_data_ptr(), span, where))
-      in_files.push_back({where.file, where.file->changes(/*look=*/false)});
+      in_files.push_back({where.file->watch(), where.file->watch()->changes(/*look=*/false)});
     const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
     if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
     seen.push_back(impl);

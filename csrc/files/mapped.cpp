@@ -48,8 +48,9 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   struct stat st {};
   if (::fstat(f->fd_, &st) != 0) throw ResourceError(detail::cat(path, ": cannot stat (", std::strerror(errno), ")"));
   f->size_ = static_cast<uint64_t>(st.st_size);
-  f->stamp_ = {f->size_, ns(st.st_mtim), ns(st.st_ctim)};
-  f->looked_ns_.store(now_ns(), std::memory_order_relaxed);
+  const int watched = ::fcntl(f->fd_, F_DUPFD_CLOEXEC, 0);
+  if (watched < 0) throw ResourceError(detail::cat(path, ": cannot open (", std::strerror(errno), ")"));
+  f->watch_ = std::make_shared<FileWatch>(watched, f->size_, ns(st.st_mtim), ns(st.st_ctim));
   if (f->size_ > 0) {
     // Read-write and private: writes through the tensors stay in this process
     // (copy-on-write), the file is never changed. MAP_NORESERVE: a private
@@ -84,11 +85,16 @@ MappedFile::~MappedFile() {
   g_mapped.fetch_sub(1, std::memory_order_relaxed);
 }
 
-uint64_t MappedFile::changes(bool look) {
+FileWatch::FileWatch(int fd, uint64_t size, int64_t mtime_ns, int64_t ctime_ns)
+    : fd_(fd), stamp_{size, mtime_ns, ctime_ns}, looked_ns_(now_ns()) {}
+
+FileWatch::~FileWatch() { ::close(fd_); }
+
+uint64_t FileWatch::changes(bool look) {
   if (look) {
     const int64_t now = now_ns();
     if (now - looked_ns_.load(std::memory_order_relaxed) >= kLookInterval) {
-      std::lock_guard<std::mutex> g(look_mu_);
+      std::lock_guard<std::mutex> g(mu_);
       struct stat st {};
       // A failed fstat (the descriptor is ours: it does not fail) changes nothing.
       if (::fstat(fd_, &st) == 0) {

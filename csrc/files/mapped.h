@@ -23,10 +23,10 @@
 // mapping, in every page no write through the mapping copied; a pin made
 // before holds the old ones. pins sees such a rewrite by the file's size,
 // mtime and ctime (nanoseconds), as fstat of the mapped descriptor reports
-// them: MappedFile::changes() counts the times they differed from the last
-// look, looking again at most every kLookInterval. A pin of a source in a
-// mapped file keeps that count from when it was made (its SourceGuard, in
-// ops/cast_path.cpp); a hit on it looks (outside the balancer's lock: a
+// them: a FileWatch counts the times they differed from the last look,
+// looking again at most every kLookInterval. A pin of a source in a mapped
+// file holds the file's watch (not the mapping) and the count from when it
+// was made (its SourceGuard, in ops/cast_path.cpp); a hit on it looks (outside the balancer's lock: a
 // syscall, on a network filesystem a round trip) and, when the count moved,
 // drops the pin and makes it again, from the file. Every other pin of that
 // file is stale from then on without a look of its own (the count is an
@@ -49,6 +49,35 @@
 
 namespace pins::files {
 
+// Note [Changed files]: a mapped file's size, mtime and ctime as last looked
+// at, through a descriptor of its own (open as long as a pin holds the watch).
+class FileWatch {
+ public:
+  // Takes `fd`, a descriptor of the file, whose fstat gave `size`, `mtime_ns`, `ctime_ns`.
+  FileWatch(int fd, uint64_t size, int64_t mtime_ns, int64_t ctime_ns);
+  ~FileWatch();
+  FileWatch(const FileWatch&) = delete;
+  FileWatch& operator=(const FileWatch&) = delete;
+
+  // How many times the file was seen changed. `look`: fstat it first, when the
+  // last look is kLookInterval old or older (else no syscall).
+  uint64_t changes(bool look);
+  static constexpr int64_t kLookInterval = 2'000'000;  // ns
+
+ private:
+  struct Stamp {
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+    int64_t ctime_ns = 0;
+    bool operator==(const Stamp&) const = default;
+  };
+  const int fd_;
+  std::mutex mu_;  // a leaf: one look at a time
+  Stamp stamp_;    // guarded by mu_
+  std::atomic<int64_t> looked_ns_;
+  std::atomic<uint64_t> changes_{0};
+};
+
 // One mapping of a whole file: unmapped and closed when the last holder goes.
 class MappedFile {
  public:
@@ -59,16 +88,13 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
-  // Note [Changed files]: how many times the file was seen changed on disk.
-  // `look`: fstat it first, when the last look is kLookInterval old or older.
-  uint64_t changes(bool look);
-  static constexpr int64_t kLookInterval = 2'000'000;  // ns
-
   const std::string& path() const { return path_; }
   char* data() const { return static_cast<char*>(base_); }
   uint64_t size() const { return size_; }
   int fd() const { return fd_; }
   int direct_fd() const { return direct_fd_; }
+  // Note [Changed files].
+  const std::shared_ptr<FileWatch>& watch() const { return watch_; }
 
  private:
   MappedFile() = default;
@@ -77,17 +103,7 @@ class MappedFile {
   int direct_fd_ = -1;
   void* base_ = nullptr;
   uint64_t size_ = 0;
-  // Note [Changed files]: what the last look saw, when, and the changes seen.
-  struct Stamp {
-    uint64_t size = 0;
-    int64_t mtime_ns = 0;
-    int64_t ctime_ns = 0;
-    bool operator==(const Stamp&) const = default;
-  };
-  std::mutex look_mu_;  // a leaf: one look at a time
-  Stamp stamp_;         // guarded by look_mu_
-  std::atomic<int64_t> looked_ns_{0};
-  std::atomic<uint64_t> changes_{0};
+  std::shared_ptr<FileWatch> watch_;
 };
 
 // Where [p, p + n) lies in a registered mapping, if it lies wholly in one.
