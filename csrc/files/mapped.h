@@ -50,7 +50,9 @@
 namespace pins::files {
 
 // Note [Changed files]: a mapped file's size, mtime and ctime as last looked
-// at, through a descriptor of its own (open as long as a pin holds the watch).
+// at, through a descriptor of its own, open as long as the mapping or a pin
+// holds the watch (a file deleted meanwhile keeps its disk blocks until then:
+// its pins go with their tensors, Note [Dead source reclaim]).
 class FileWatch {
  public:
   // Takes `fd`, a descriptor of the file, whose fstat gave `size`, `mtime_ns`, `ctime_ns`.
