@@ -158,18 +158,33 @@ at::Tensor& cast_to_device_out(at::Tensor& out, const at::Tensor& source, c10::D
   return cast_to_device_outf(source, device, dtype, non_blocking, model, kind, resident, signature, out);
 }
 
+namespace {
+
+// The tag torch gives its own out= overloads: Tag::out where the release has it
+// (torch.compile's out-variant handling looks for it), Tag::out_variant in
+// releases before it. Chosen at compile time, so one source builds for both.
+template <typename T = at::Tag>
+constexpr T out_tag() {
+  if constexpr (requires { T::out; }) {
+    return T::out;
+  } else {
+    return T::out_variant;
+  }
+}
+
+}  // namespace
 }  // namespace pins::ops
 
 TORCH_LIBRARY_FRAGMENT(pins, m) {
   m.def(
       "cast_to_device(Tensor source, Device device, ScalarType? dtype=None, bool non_blocking=False, "
       "int model=-1, str kind=\"weights\", bool resident=False, int? signature=None) -> Tensor");
-  // An out variant (torch.Tag.out): torch.compile functionalizes it.
+  // An out variant (torch.Tag.out, out_variant before it): torch.compile functionalizes it.
   m.def(
       "cast_to_device.out(Tensor source, Device device, ScalarType? dtype=None, bool non_blocking=False, "
       "int model=-1, str kind=\"weights\", bool resident=False, int? signature=None, *, Tensor(a!) out) "
       "-> Tensor(a!)",
-      {at::Tag::out});
+      {pins::ops::out_tag()});
 }
 
 // One kernel for every backend: the source's device is checked in the kernel,
