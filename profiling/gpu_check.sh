@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: build pins against that machine's torch, run
 # every test (the CUDA ones included) and the benchmarks, and write the logs
-# under $OUT. GoogleTest is not installed there: prepare a copy of its source
-# here first (profiling/gpu_prepare.sh puts it in .gpu-deps/, carried along).
+# under $OUT. That machine has no GoogleTest or nlohmann-json package: run
+# profiling/gpu_prepare.sh here first, which copies their sources into
+# .gpu-deps/ (ignored by git), and carry it along:
 #   device run: carry [".gpu-deps"], command "bash profiling/gpu_check.sh"
+# Without .gpu-deps (and without the packages) the script stops at once,
+# saying so, before any device time goes into a build that cannot succeed.
+# The device returns at most 8 files from $OUT: this script writes 6
+# (summary.txt, nvidia-smi.txt, build.log, ctest.log, pytest.log, bench.txt);
+# the summary has the machine (nproc, /proc/meminfo), each step's outcome and
+# every benchmark's RESULT line.
 # A device call may run 600 s and a session has 900 s of device time in all, so
 # every step runs under `timeout` within a budget (GPU_CHECK_BUDGET_S, default
 # 540 s) and the summary is written whatever is cut: the build and the tests
 # that need a device first, the benchmarks after, the longest last.
+# GPU_CHECK_DRY_RUN=1 runs it all without a CUDA device (a CPU machine, another
+# torch release): what a device would run, short of what needs one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -25,24 +34,49 @@ step() {
   [ "$want" -lt "$left" ] || want=$left
   timeout "$want" "$@"
 }
+# bench NAME SECONDS CMD...: a benchmark into bench.txt, its last line into the summary.
+bench() {
+  local name=$1 want=$2
+  shift 2
+  echo "== $name: $*" >> "$OUT/bench.txt"
+  step "$want" "$@" > "$OUT/bench.part" 2>&1
+  local rc=$?
+  cat "$OUT/bench.part" >> "$OUT/bench.txt"
+  log "bench $name (rc=$rc): $(tail -1 "$OUT/bench.part")"
+  rm -f "$OUT/bench.part"
+}
 
-# No GPU (or a torch without CUDA): nothing here measures anything; say so and succeed.
+log "machine: $(nproc) CPUs; $(grep -E '^(MemTotal|MemAvailable|SwapTotal):' /proc/meminfo | tr -s ' ' | paste -sd ';')"
 if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  log "no CUDA device visible to torch: GPU check skipped"
-  exit 0
+  if [ "${GPU_CHECK_DRY_RUN:-0}" != 1 ]; then
+    log "no CUDA device visible to torch: GPU check skipped (GPU_CHECK_DRY_RUN=1 runs it anyway)"
+    exit 0
+  fi
+  log "dry run: no CUDA device; the CUDA tests skip, the device benchmarks fail"
 fi
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' | tee -a "$OUT/summary.txt"
+{ nvidia-smi || echo "(no nvidia-smi)"; } > "$OUT/nvidia-smi.txt" 2>&1
+log "torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no device")' 2>&1)"
 gtest_arg=()
-[ -d .gpu-deps/googletest ] && gtest_arg=(-DPINS_GTEST_SOURCE="$PWD/.gpu-deps/googletest")
-[ -d .gpu-deps/nlohmann ] && gtest_arg+=(-DPINS_NLOHMANN_INCLUDE="$PWD/.gpu-deps/nlohmann")
+if [ -d .gpu-deps/googletest ]; then
+  gtest_arg=(-DPINS_GTEST_SOURCE="$PWD/.gpu-deps/googletest")
+elif [ ! -d /usr/src/googletest ] && [ ! -f /usr/include/gtest/gtest.h ]; then
+  log "no .gpu-deps/googletest and no GoogleTest package: run profiling/gpu_prepare.sh on the build machine and carry .gpu-deps"
+  exit 1
+fi
+if [ -d .gpu-deps/nlohmann ]; then
+  gtest_arg+=(-DPINS_NLOHMANN_INCLUDE="$PWD/.gpu-deps/nlohmann")
+elif [ ! -f /usr/include/nlohmann/json.hpp ]; then
+  log "no .gpu-deps/nlohmann and no nlohmann-json package: run profiling/gpu_prepare.sh on the build machine and carry .gpu-deps"
+  exit 1
+fi
 mapfile -t torch_args < <(bash scripts/torch_cmake_args.sh python3)
-cmake -S . -B build-gpu -G Ninja "${torch_args[@]}" "${gtest_arg[@]}" > "$OUT/configure.log" 2>&1 \
-  || { log "configure failed"; tail -30 "$OUT/configure.log"; exit 1; }
-step 300 cmake --build build-gpu -j 16 > "$OUT/build.log" 2>&1 || { log "build failed"; tail -40 "$OUT/build.log"; exit 1; }
+cmake -S . -B build-gpu -G Ninja "${torch_args[@]}" "${gtest_arg[@]}" > "$OUT/build.log" 2>&1 \
+  || { log "configure failed (build.log)"; tail -30 "$OUT/build.log"; exit 1; }
+step 300 cmake --build build-gpu -j "$(nproc)" >> "$OUT/build.log" 2>&1 \
+  || { log "build failed (build.log)"; tail -40 "$OUT/build.log"; exit 1; }
 log "built"
 # The C++ suites (the model-based test shortened: the CPU runs the long one).
-(cd build-gpu && PINS_MODEL_OPS=20000 step 120 ctest --output-on-failure -j 16) > "$OUT/ctest.log" 2>&1
+(cd build-gpu && PINS_MODEL_OPS=20000 step 120 ctest --output-on-failure -j "$(nproc)") > "$OUT/ctest.log" 2>&1
 log "ctest rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 # The Python tests a device changes: the CUDA ones, the cast paths, the
 # extension, gathered pins, files (the CPU-only rest runs in CI).
@@ -51,27 +85,19 @@ PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" PYTHONPATH="$PWD/python_bindings" \
   tests/python/test_fast_path.py tests/python/test_gathered.py tests/python/test_load_file.py \
   tests/python/test_contract.py > "$OUT/pytest.log" 2>&1
 log "pytest rc=$? $(tail -1 "$OUT/pytest.log")"
-step 60 build-gpu/bin/pins-bench alloc > "$OUT/bench-alloc.txt" 2>&1
-log "bench alloc: $(tail -1 "$OUT/bench-alloc.txt")"
+: > "$OUT/bench.txt"
+bench alloc 60 build-gpu/bin/pins-bench alloc
 # The hot paths on a GPU: host-to-device from a pin against a pageable tensor's .to()
 # and against a torch pinned tensor's non_blocking copy (a raw pinned
 # cudaMemcpyAsync underneath), then the lowvram loop casting to the device.
-PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" step 60 python3 profiling/bench_h2d.py > "$OUT/bench-h2d.txt" 2>&1
-log "bench h2d: $(tail -1 "$OUT/bench-h2d.txt")"
+bench h2d 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_h2d.py
 # A miss to the device: the pin's fill and its transfer in overlapping chunks
 # (Note [Chunked fill]) against a pageable .to(device, dtype).
-PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" step 60 python3 profiling/bench_miss.py --device cuda \
-  > "$OUT/bench-miss.txt" 2>&1
-log "bench miss: $(tail -1 "$OUT/bench-miss.txt")"
-step 60 build-gpu/bin/pins-bench fill > "$OUT/bench-fill.txt" 2>&1
-log "bench fill: $(tail -1 "$OUT/bench-fill.txt")"
-step 60 build-gpu/bin/pins-bench cast > "$OUT/bench-cast.txt" 2>&1
-log "bench cast: $(tail -1 "$OUT/bench-cast.txt")"
-PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" step 60 python3 profiling/bench_cast_python.py \
-  > "$OUT/bench-cast-python.txt" 2>&1
-log "bench cast (python): $(tail -1 "$OUT/bench-cast-python.txt")"
-step 240 build-gpu/bin/pins-bench lowvram --device cuda:0 --layers 100 --layer-mib 32 --passes 4 \
-  > "$OUT/bench-lowvram-cuda.txt" 2>&1
-log "bench lowvram cuda:0 (100 x 32 MiB, 4 passes): $(tail -1 "$OUT/bench-lowvram-cuda.txt")"
+bench miss 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_miss.py --device cuda
+bench fill 60 build-gpu/bin/pins-bench fill
+bench cast 60 build-gpu/bin/pins-bench cast
+bench "cast (python)" 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_cast_python.py
+bench "lowvram cuda:0 (100 x 32 MiB, 4 passes)" 240 \
+  build-gpu/bin/pins-bench lowvram --device cuda:0 --layers 100 --layer-mib 32 --passes 4
 log "time used: ${SECONDS} s"
 cat "$OUT/summary.txt"

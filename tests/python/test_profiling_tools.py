@@ -309,3 +309,13 @@ def test_bench_cast_python_refuses_a_bad_option():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_cast_python.py"), "--calls", "0"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "--calls and --reps must be positive" in out.stderr, out.stderr
+
+
+def test_the_gpu_check_writes_no_more_files_than_a_device_call_returns():
+    """A device call returns at most 8 files from $OUT; the rest are lost. Every
+    file the GPU check script names under $OUT counts, its scratch file too."""
+    import re
+    script = open(os.path.join(ROOT, "profiling", "gpu_check.sh")).read()
+    names = set(re.findall(r'\$OUT/([A-Za-z0-9_.-]+)', script))
+    assert 0 < len(names) <= 8, sorted(names)
+    assert ".gpu-deps" in script and "gpu_prepare.sh" in script  # says what to carry, and stops without it
