@@ -48,6 +48,7 @@
 
 #include "csrc/base/nvtx.h"
 #include "ops/common.h"
+#include "ops/out_tag.h"
 #include "ops/cast_path.h"
 
 namespace pins::ops {
@@ -158,21 +159,6 @@ at::Tensor& cast_to_device_out(at::Tensor& out, const at::Tensor& source, c10::D
   return cast_to_device_outf(source, device, dtype, non_blocking, model, kind, resident, signature, out);
 }
 
-namespace {
-
-// The tag torch gives its own out= overloads: Tag::out where the release has it
-// (torch.compile's out-variant handling looks for it), Tag::out_variant in
-// releases before it. Chosen at compile time, so one source builds for both.
-template <typename T = at::Tag>
-constexpr T out_tag() {
-  if constexpr (requires { T::out; }) {
-    return T::out;
-  } else {
-    return T::out_variant;
-  }
-}
-
-}  // namespace
 }  // namespace pins::ops
 
 TORCH_LIBRARY_FRAGMENT(pins, m) {

@@ -4,6 +4,8 @@
 // [Error types], ops/library.cpp).
 #include <pins/ops.h>
 
+#include "ops/out_tag.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
@@ -17,16 +19,6 @@
 #include <vector>
 
 namespace {
-
-// What ops/cast_to_device.cpp tags its out= overload with, in this torch release.
-template <typename T = at::Tag>
-constexpr T out_tag() {
-  if constexpr (requires { T::out; }) {
-    return T::out;
-  } else {
-    return T::out_variant;
-  }
-}
 
 const c10::Device kCpu(c10::kCPU);
 
@@ -108,7 +100,7 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_TRUE(out.arguments()[8].kwarg_only());
   EXPECT_TRUE(out.arguments()[8].alias_info() && out.arguments()[8].alias_info()->isWrite());
   // Tag::out where the torch release has it, Tag::out_variant before (ops/cast_to_device.cpp).
-  EXPECT_TRUE(c10::Dispatcher::singleton().findSchemaOrThrow("pins::cast_to_device", "out").hasTag(out_tag()));
+  EXPECT_TRUE(c10::Dispatcher::singleton().findSchemaOrThrow("pins::cast_to_device", "out").hasTag(pins::ops::out_tag()));
 }
 
 TEST(PinsOps, RegisterSetActiveAndForgetReachTheirKernels) {
