@@ -319,3 +319,13 @@ def test_the_gpu_check_writes_no_more_files_than_a_device_call_returns():
     names = set(re.findall(r'\$OUT/([A-Za-z0-9_.-]+)', script))
     assert 0 < len(names) <= 8, sorted(names)
     assert ".gpu-deps" in script and "gpu_prepare.sh" in script  # says what to carry, and stops without it
+
+
+def test_bench_file_hit_ends_with_its_result_line():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_file_hit.py"), "--reps", "1",
+                          "--hits", "20"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    keys = dict(kv.split("=") for kv in last.split()[1:])
+    assert last.startswith("RESULT ") and set(keys) == {"file_hit_us", "plain_hit_us", "file_hit_extra_us",
+                                                        "file_hit_ratio"}, last
