@@ -44,9 +44,8 @@ int64_t ns(const struct timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   std::shared_ptr<MappedFile> f(new MappedFile);
   f->path_ = path;
-  f->fd_ = open_regular(path);
   struct stat st {};
-  if (::fstat(f->fd_, &st) != 0) throw ResourceError(detail::cat(path, ": cannot stat (", std::strerror(errno), ")"));
+  f->fd_ = open_regular(path, st);
   f->size_ = static_cast<uint64_t>(st.st_size);
   const int watched = ::fcntl(f->fd_, F_DUPFD_CLOEXEC, 0);
   if (watched < 0) throw ResourceError(detail::cat(path, ": cannot open (", std::strerror(errno), ")"));

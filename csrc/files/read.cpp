@@ -181,10 +181,9 @@ const char* kind_of(mode_t mode) {
 
 }  // namespace
 
-int open_regular(const std::string& path) {
+int open_regular(const std::string& path, struct stat& st) {
   PINS_CHECK_VALUE(path.find('\0') == std::string::npos, "path has a NUL byte at ", path.find('\0'),
                    " (the system would open '", path.c_str(), "')");
-  struct stat st {};
   if (::stat(path.c_str(), &st) == 0)
     PINS_CHECK_VALUE(S_ISREG(st.st_mode), path, ": not a regular file (", kind_of(st.st_mode), ")");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);

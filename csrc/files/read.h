@@ -46,6 +46,8 @@
 // (docs/PERFORMANCE.md, "load").
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <string>
 
@@ -79,9 +81,9 @@ int open_direct(int fd);
 // directory, a device, a socket) is a pins::ValueError naming the path and what
 // it is, raised before anything could block on it (a FIFO's open waits for a
 // writer: the path is checked first and opened non-blocking, then checked
-// again on the descriptor). A path with a NUL byte is a pins::ValueError (the
-// system would open the file its prefix names); one that cannot be opened, a
-// pins::ResourceError naming it and why.
-int open_regular(const std::string& path);
+// again on the descriptor, whose status is left in `st`). A path with a NUL
+// byte is a pins::ValueError (the system would open the file its prefix names);
+// one that cannot be opened, a pins::ResourceError naming it and why.
+int open_regular(const std::string& path, struct stat& st);
 
 }  // namespace pins::files

@@ -281,13 +281,12 @@ Header parse_header(std::string_view bytes, uint64_t file_size, const std::strin
 }
 
 Header read_header(const std::string& path) {
-  const int fd = files::open_regular(path);
+  struct stat st {};
+  const int fd = files::open_regular(path, st);
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw ResourceError(detail::cat(path, ": cannot stat (", std::strerror(errno), ")"));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   // The length first, checked, then exactly the header: a hostile length
   // never sizes an allocation beyond the format's cap or the file.
