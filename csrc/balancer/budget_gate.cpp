@@ -1,9 +1,9 @@
 #include "csrc/balancer/budget_gate.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "csrc/balancer/budget.h"
+#include "csrc/base/clock.h"
 #include "csrc/base/saturate.h"
 
 namespace pins {
@@ -11,8 +11,7 @@ namespace pins {
 MemoryInfo BudgetGate::memory(bool fresh) {
   const int64_t max_age = probe_.max_age_ns();
   if (max_age <= 0) return probe_.read();
-  const int64_t now =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  const int64_t now = monotonic_ns();
   const size_t committed = pool_.committed_bytes();
   if (!fresh) {
     MutexLock g(mu_);

@@ -6,11 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
 #include <cstring>
 
 #include "csrc/base/check.h"
+#include "csrc/base/clock.h"
 #include "csrc/files/read.h"
 
 namespace pins::files {
@@ -31,11 +31,6 @@ Registry& registry() {
 std::atomic<uint64_t> g_fills{0}, g_bytes{0}, g_direct{0}, g_written{0}, g_mapped{0}, g_changes{0};
 
 constexpr uint64_t kPage = 4096;
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int64_t ns(const struct timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec; }
 
@@ -85,13 +80,13 @@ MappedFile::~MappedFile() {
 }
 
 FileWatch::FileWatch(int fd, uint64_t size, int64_t mtime_ns, int64_t ctime_ns)
-    : fd_(fd), stamp_{size, mtime_ns, ctime_ns}, looked_ns_(now_ns()) {}
+    : fd_(fd), stamp_{size, mtime_ns, ctime_ns}, looked_ns_(monotonic_ns()) {}
 
 FileWatch::~FileWatch() { ::close(fd_); }
 
 uint64_t FileWatch::changes(bool look) {
   if (look) {
-    const int64_t now = now_ns();
+    const int64_t now = monotonic_ns();
     if (now - looked_ns_.load(std::memory_order_relaxed) >= kLookInterval) {
       std::lock_guard<std::mutex> g(mu_);
       struct stat st {};

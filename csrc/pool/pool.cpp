@@ -1,10 +1,10 @@
 #include "csrc/pool/pool.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "csrc/base/check.h"
+#include "csrc/base/clock.h"
 #include "csrc/base/nvtx.h"
 
 namespace pins {
@@ -38,14 +38,6 @@ struct HostPool::Block {
   int copies = 0;            // begin_copy() without its end_copy() (Note [Copies from a block])
   uint64_t fence_adds = 0;   // fences ever added; a reap() sees whether its copy of the list is current
 };
-
-namespace {
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
 
 HostPool::HostPool(std::unique_ptr<HostBackend> backend, PoolOptions options)
     : backend_(std::move(backend)),
@@ -209,16 +201,16 @@ void* HostPool::try_allocate(size_t size, bool lock) {
     committing_ += esize;
     g.unlock();
     void* p = reinterpret_cast<void*>(addr);
-    const int64_t t0 = now_ns();
+    const int64_t t0 = monotonic_ns();
     int rc = backend_->commit(p, esize);
-    const int64_t t1 = now_ns();
+    const int64_t t1 = monotonic_ns();
     int lrc = 0;
     if (rc == 0 && want_lock) {
       PINS_RANGE("pins::register");
       lrc = backend_->lock(p, esize);
       if (lrc != 0) backend_->decommit(p, esize);
     }
-    const int64_t t2 = now_ns();
+    const int64_t t2 = monotonic_ns();
     g.lock();
     committing_ -= esize;
     stats_.commit_ns += t1 - t0;
@@ -339,9 +331,9 @@ void HostPool::decommit(std::vector<Extent*> victims) {
   for (Extent* e : victims) {
     void* p = reinterpret_cast<void*>(e->base);
     PINS_RANGE("pins::decommit");
-    const int64_t t0 = now_ns();
+    const int64_t t0 = monotonic_ns();
     const bool unlocked = e->locked && backend_->unlock(p, e->size) == 0;
-    const int64_t t1 = now_ns();
+    const int64_t t1 = monotonic_ns();
     if (!e->locked || unlocked) backend_->decommit(p, e->size);
     done.push_back({e, unlocked, t1 - t0});
   }
@@ -592,9 +584,9 @@ size_t HostPool::unlock(void* ptr) {
   int64_t ns = 0;
   if (!busy) {
     PINS_RANGE("pins::unregister");
-    const int64_t t0 = now_ns();
+    const int64_t t0 = monotonic_ns();
     rc = backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
-    ns = now_ns() - t0;
+    ns = monotonic_ns() - t0;
   }
   MutexLock g(mu_);
   e->unlocking = false;
