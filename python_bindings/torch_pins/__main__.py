@@ -74,12 +74,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     conf = os.environ.get("PINS_CONF", "")
     if args.json:
         print(json.dumps({"version": pins.__version__, "library": path, "built_against": _library.built_against(path),
-                          "torch": torch.__version__, "PINS_CONF": conf, "backend": ",".join(backend),
-                          "counters": dict(s)}, indent=1, sort_keys=True))
+                          "torch": torch.__version__, "releases": _library.supported_releases(), "PINS_CONF": conf,
+                          "backend": ",".join(backend), "counters": dict(s)}, indent=1, sort_keys=True))
         return 0
     print(f"torch-pins {pins.__version__}")
     print(f"library    {path} (built against torch {_library.built_against(path) or 'unknown'})")
     print(f"torch      {torch.__version__}")
+    print(f"releases   {', '.join(_library.supported_releases()) or 'none in the package'} (the package's builds)")
     print(f"PINS_CONF  {conf if conf else '(unset: the defaults of csrc/config/config.h)'}")
     print(f"backend    {','.join(backend) or 'unknown'}")
     print()

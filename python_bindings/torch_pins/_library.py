@@ -1,6 +1,19 @@
-"""Finds and loads libpins.so into torch (once), and the extension module beside it."""
+"""Finds and loads libpins.so into torch (once), and the extension module beside it.
+
+Note [One package, several torch releases]
+The torch layer of pins (the ops, the c10 host allocator, torch_pins._C) is
+compiled against torch's C++ API, whose ABI changes between minor releases
+(torch 2.11's ``torch::Library::_def`` takes ``at::Tag``, 2.13's
+``torch::headeronly::Tag``), so one binary cannot load into every release. The
+package therefore carries one build of that layer per release, each in
+``_lib/torch-MAJOR.MINOR/`` (libpins.so, its ``.torch`` stamp, _C), all built
+from the same sources (scripts/build_release.sh), and picks the one of the
+running torch at import. What the stable ABI would need instead is listed in
+docs/RELEASES.md.
+"""
 import importlib.util
 import os
+import re
 import sys
 import sysconfig
 import warnings
@@ -10,32 +23,64 @@ from typing import List, Optional
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_LIB = os.path.join(_HERE, "_lib")
+_RELEASE_DIR = re.compile(r"^torch-(\d+)\.(\d+)$")
+
+
+def release(version: str) -> str:
+    """The MAJOR.MINOR release of a torch version (``2.13.0+cpu`` -> ``2.13``): the
+    C++ ABI a library is built for, and the folder of the package that holds it."""
+    return ".".join(version.split("+", 1)[0].split(".")[:2])
+
+
+def release_dir(version: str, lib: str = _PACKAGE_LIB) -> str:
+    """The folder of the package's ``_lib`` that holds the build for `version`'s release."""
+    return os.path.join(lib, "torch-" + release(version))
+
+
+def supported_releases(lib: str = _PACKAGE_LIB) -> List[str]:
+    """The releases the package carries a build for (``_lib/torch-X.Y/libpins.so``), oldest first."""
+    try:
+        names = os.listdir(lib)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        m = _RELEASE_DIR.match(name)
+        if m and os.path.isfile(os.path.join(lib, name, "libpins.so")):
+            found.append((int(m.group(1)), int(m.group(2))))
+    return [f"{major}.{minor}" for major, minor in sorted(found)]
 
 
 def candidates() -> List[str]:
-    """Where :func:`library_path` looks, in order: $PINS_LIBRARY, the copy shipped
-    in the package (``torch_pins/_lib``: the wheel's, or the one the repository's
-    build copies there), the repository's ``build/lib``."""
+    """Where :func:`library_path` looks, in order: $PINS_LIBRARY, the package's
+    build for the running torch (``torch_pins/_lib/torch-X.Y``: the wheel's, or
+    what the repository's builds copy there), the repository's ``build/lib``."""
     found = []
     env = os.environ.get("PINS_LIBRARY")
     if env:
         found.append(env)
-    found.append(os.path.join(_HERE, "_lib", "libpins.so"))
+    found.append(os.path.join(release_dir(torch.__version__), "libpins.so"))
     found.append(os.path.join(os.path.dirname(os.path.dirname(_HERE)), "build", "lib", "libpins.so"))
     return found
 
 
+def _unsupported() -> str:
+    carried = supported_releases()
+    have = ("this package carries builds for torch " + ", ".join(carried)) if carried else \
+        "this package carries no build of libpins.so"
+    return (f"pins: no libpins.so for torch {torch.__version__} (release {release(torch.__version__)}); {have}. "
+            "Install a torch the package supports, or build pins for this one: make build (in this "
+            "repository's venv), bash scripts/build_release.sh PYTHON (another venv's torch), or "
+            "pip install --no-build-isolation ./python_bindings; PINS_LIBRARY names a library built elsewhere.")
+
+
 def library_path() -> str:
     """The libpins.so this package loads: the first of :func:`candidates` that exists."""
-    looked = candidates()
-    for path in looked:
+    for path in candidates():
         if os.path.isfile(path):
             return path
-    raise ImportError(
-        "pins: libpins.so not found; looked at " + ", ".join(looked)
-        + ". Build it (make build), install the wheel (pip install --no-build-isolation ./python_bindings) "
-        "or set PINS_LIBRARY."
-    )
+    raise ImportError(_unsupported() + " Looked at " + ", ".join(candidates()) + ".")
 
 
 def built_against(path: str) -> Optional[str]:
@@ -48,22 +93,14 @@ def built_against(path: str) -> Optional[str]:
         return None
 
 
-def release(version: str) -> str:
-    """The MAJOR.MINOR release of a torch version (``2.13.0+cpu`` -> ``2.13``): the
-    C++ ABI a library is built for, and what the wheel pins (``torch==2.13.*``)."""
-    return ".".join(version.split("+", 1)[0].split(".")[:2])
-
-
 def load() -> str:
     path = library_path()
     if path in torch.ops.loaded_libraries:
         return path
     built = built_against(path)
     if built is not None and release(built) != release(torch.__version__):
-        raise ImportError(
-            f"pins: {path} was built against torch {built}, but this is torch {torch.__version__}; "
-            "rebuild it (make build, or reinstall the wheel) against this torch"
-        )
+        raise ImportError(f"pins: {path} was built against torch {built}, not this torch's release. "
+                          + _unsupported())
     torch.ops.load_library(path)
     return path
 

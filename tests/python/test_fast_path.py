@@ -17,7 +17,9 @@ import torch
 import torch_pins  # noqa: F401 (loads the library, so the op below resolves)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGE_LIB = os.path.join(ROOT, "python_bindings", "torch_pins", "_lib")
+# The package's build for this torch's release (Note [One package, several torch releases]).
+PACKAGE_LIB = os.path.join(ROOT, "python_bindings", "torch_pins", "_lib",
+                           "torch-" + ".".join(torch.__version__.split("+")[0].split(".")[:2]))
 CPU = torch.device("cpu")
 OP = torch.ops.pins.cast_to_device.default
 

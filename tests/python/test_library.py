@@ -2,8 +2,11 @@ import os
 import subprocess
 import sys
 
+import torch_pins
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIB = os.path.join(ROOT, "build", "lib", "libpins.so")
+# The library the package loads: the build for this torch's release (docs/RELEASES.md).
+LIB = torch_pins.library_path()
 
 
 def test_library_loads_with_torch_ops_load_library():
@@ -24,8 +27,8 @@ def test_a_library_built_for_another_torch_is_refused_with_a_clear_error(tmp_pat
     env = dict(os.environ, PINS_LIBRARY=str(lib), PYTHONPATH=os.path.join(ROOT, "python_bindings"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode != 0
-    assert "was built against torch 1.0.0, but this is torch" in out.stderr
-    assert "rebuild it" in out.stderr
+    assert "was built against torch 1.0.0, not this torch's release" in out.stderr, out.stderr
+    assert "scripts/build_release.sh" in out.stderr and "carries builds for torch" in out.stderr, out.stderr
 
 
 def test_a_library_built_for_another_patch_release_of_the_same_torch_loads(tmp_path):
