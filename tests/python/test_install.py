@@ -34,7 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TESTS = os.path.dirname(os.path.abspath(__file__))  # torchscript_caster.py, scripted in the venv
 WORK = os.path.abspath(os.environ.get("PINS_INSTALL_CHECK_DIR", os.path.join(ROOT, "build", "install-check")))
 SRC = os.path.join(WORK, "src")
-VENV = os.path.join(WORK, "venv")
+# One venv per torch release: the wheel is built for, and installed into, the torch running the tests.
+VENV = os.path.join(WORK, "venv-torch-" + ".".join(__import__("torch").__version__.split("+")[0].split(".")[:2]))
 VENV_PY = os.path.join(VENV, "bin", "python")
 TIMES = []  # (step, seconds), printed in failure messages and by -s
 
@@ -116,15 +117,27 @@ def torch_release_of_this_python():
     return torch.__version__.split("+", 1)[0]
 
 
+def venv_release_lib():
+    """Where the venv's wheel keeps the build for this torch's release."""
+    return os.path.join(venv_site(), "torch_pins", "_lib",
+                        "torch-" + ".".join(torch_release_of_this_python().split(".")[:2]))
+
+
 def make_venv():
     """The other venv, once: torch from a local wheel only (--no-index: never a
     download), then what the build needs (scikit-build-core) and torch's own
     dependencies from the index."""
     if os.path.exists(VENV_PY):
         return
-    run("venv: create", [sys.executable, "-m", "venv", VENV])
     pip = [VENV_PY, "-m", "pip", "install", "-q", "--no-compile"]
-    run("venv: torch (local wheel)", pip + ["--no-index", "--no-deps", f"torch=={torch_release_of_this_python()}"])
+    version = torch_release_of_this_python()
+    probe = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
+                            "--no-index", "--no-deps", f"torch=={version}"], capture_output=True, text=True,
+                           env=clean_env())
+    if probe.returncode != 0:
+        pytest.skip(f"no local wheel of torch=={version} here, and the install test never downloads one")
+    run("venv: create", [sys.executable, "-m", "venv", VENV])
+    run("venv: torch (local wheel)", pip + ["--no-index", "--no-deps", f"torch=={version}"])
     run("venv: torch's dependencies, scikit-build-core", pip + [f"torch=={torch_release_of_this_python()}",
                                                               "scikit-build-core>=1.1"])
 
@@ -193,6 +206,14 @@ def test_wheel_requires_the_torch_release_it_is_built_against():
         provider.dynamic_metadata({"x": 1}, {})
     assert provider.dynamic_metadata({}, {}) == {
         "dependencies": [provider.torch_requirement(torch_release_of_this_python())]}
+    # A wheel carrying several releases requires any of them and none between them that it lacks.
+    assert provider.requirement_for(["2.13.0+cpu"]) == "torch==2.13.*"
+    assert provider.requirement_for(["2.13.0+cpu", "2.14", "2.11.0+cu130"]) == "torch>=2.11,<2.15,!=2.12.*"
+    assert provider.requirement_for(["2.13.0", "2.14.1", "2.13.1"]) == "torch>=2.13,<2.15"
+    with pytest.raises(ValueError, match="share a major version"):
+        provider.requirement_for(["1.13", "2.1"])
+    with pytest.raises(ValueError, match="at least one torch version"):
+        provider.requirement_for([])
 
 
 def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
@@ -201,9 +222,10 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
     z = zipfile.ZipFile(installed["wheel"])
     names = z.namelist()
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
-    extension = "torch_pins/_lib/_C" + sysconfig.get_config_var("EXT_SUFFIX")  # the venv's Python is this one
+    lib = "torch_pins/_lib/torch-" + ".".join(torch_release_of_this_python().split(".")[:2])
+    extension = lib + "/_C" + sysconfig.get_config_var("EXT_SUFFIX")  # the venv's Python is this one
     for want in ["torch_pins/__init__.py", "torch_pins/__main__.py", "torch_pins/_fake.py", "torch_pins/_version.py",
-                 "torch_pins/py.typed", "torch_pins/_lib/libpins.so", "torch_pins/_lib/libpins.so.torch", extension,
+                 "torch_pins/py.typed", lib + "/libpins.so", lib + "/libpins.so.torch", extension,
                  f"{info}/licenses/LICENSE", f"{info}/entry_points.txt"]:
         assert want in names, (want, names)
     # The demo and its replay tooling are the source tree's (profiling/demo), not the runtime package's.
@@ -216,7 +238,7 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
 
     assert f"\nVersion: {__version__}\n" in meta, meta
     assert z.read(f"{info}/licenses/LICENSE") == open(os.path.join(ROOT, "LICENSE"), "rb").read()
-    for name in ("torch_pins/_lib/libpins.so", extension):
+    for name in (lib + "/libpins.so", extension):
         lib = os.path.join(os.path.dirname(installed["wheel"]), os.path.basename(name))
         with open(lib, "wb") as f:
             f.write(z.read(name))
@@ -255,7 +277,7 @@ for _ in range(2):
 print(p._C.__file__, p.library_path(), p._C.path_counts(), p.stats()["hits"])
 """)
     out = run("fast path in the venv", [VENV_PY, str(script)], cwd=str(tmp_path))
-    lib = os.path.join(venv_site(), "torch_pins", "_lib")
+    lib = venv_release_lib()
     extension = os.path.join(lib, "_C" + sysconfig.get_config_var("EXT_SUFFIX"))
     assert out.stdout.split() == [extension, os.path.join(lib, "libpins.so"), "{'fast':", "2,", "'forwarded':", "0}",
                                   "1"], out.stdout
@@ -267,7 +289,7 @@ def test_wheel_cli_in_another_venv(installed, tmp_path):
     stats = run("python -m torch_pins stats --json", [VENV_PY, "-m", "torch_pins", "stats", "--json"], cwd=str(tmp_path))
     s = json.loads(stats.stdout)
     # The venv's own package and library, not the repository's.
-    assert s["library"] == os.path.join(venv_site(), "torch_pins", "_lib", "libpins.so"), s
+    assert s["library"] == os.path.join(venv_release_lib(), "libpins.so"), s
     assert s["version"] == __version__ and s["backend"] and s["counters"]["pins"] == 0, s
     script = os.path.join(VENV, "bin", "torch-pins")  # the same main as python -m torch_pins
     assert os.access(script, os.X_OK) and "torch_pins.__main__" in open(script).read()
