@@ -14,11 +14,15 @@ layers_rc=$?
 ctest_rc=$?
 .venv/bin/python -m pytest -q tests/python --junitxml=build/test-results/pytest.xml
 pytest_rc=$?
+# A second torch release in short form (docs/RELEASES.md): the torch layer built
+# for torch 2.14.1 and the op's tests run under it.
+bash scripts/check_release.sh build/test-results/pytest-torch-2.14.xml
+release_rc=$?
 # A short fuzz run (fuzz/README.md): 5 s per libFuzzer target, built with clang
 # into build-fuzz/; a crash fails the run and is counted in the summary.
 PINS_FUZZ_JUNIT=build/test-results/fuzz.xml bash scripts/fuzz.sh "${PINS_FUZZ_SECONDS:-5}"
 fuzz_rc=$?
 .venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
-  build/test-results/fuzz.xml
+  build/test-results/fuzz.xml build/test-results/pytest-torch-2.14.xml
 sum_rc=$?
-[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] && [ $sum_rc -eq 0 ]
+[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $release_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] && [ $sum_rc -eq 0 ]
