@@ -388,16 +388,6 @@ TEST(HostPool, CudaBackendRegistersHostMemory) {
   EXPECT_EQ(pool.stats().unregistrations, 1);
 }
 
-TEST(HostPool, AutoBackendFallsBackToCpu) {
-  auto b = make_backend(BackendKind::Auto, false);
-  if (make_cuda_backend()) {
-    EXPECT_STREQ(b->name(), "cuda");
-  } else {
-    EXPECT_STREQ(b->name(), "cpu");
-    EXPECT_THROW(make_backend(BackendKind::Cuda, false), ValueError);
-  }
-}
-
 }  // namespace
 }  // namespace pins
 
