@@ -1,6 +1,7 @@
 // Note [Host backend contract] (csrc/pool/backend.h), checked on each backend
 // this build has. A backend or a call it cannot make here is skipped with the
-// reason.
+// reason: the hip backend without an AMD GPU runs its mmap layer (reserve,
+// release, commit, decommit) and skips lock and unlock.
 #include "csrc/pool/backend.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "csrc/base/check.h"
+#include "csrc/pool/backend_testing.h"
 
 namespace pins {
 namespace {
@@ -24,6 +26,11 @@ namespace {
 constexpr bool kBuiltWithCuda = true;
 #else
 constexpr bool kBuiltWithCuda = false;
+#endif
+#if defined(PINS_WITH_HIP)
+constexpr bool kBuiltWithHip = true;
+#else
+constexpr bool kBuiltWithHip = false;
 #endif
 
 struct BackendCase {
@@ -54,6 +61,8 @@ std::vector<BackendCase> cases() {
       {"mlock", [] { return make_cpu_backend(true); }, "", mlock_untestable},
       {"null", make_null_backend, "", no_reason},
       {"cuda", make_cuda_backend, "no CUDA device (or pins built without CUDA)", no_reason},
+      {"hip", testing::hip_backend_without_device_check, kBuiltWithHip ? "" : "pins built without HIP (PINS_WITH_HIP)",
+       [] { return make_hip_backend() ? std::string() : std::string("no HIP device"); }},
   };
 }
 
@@ -167,6 +176,8 @@ TEST(HostBackendChoice, AnAbsentDeviceBackendIsRefusedSayingWhy) {
   } device_backends[] = {
       {BackendKind::Cuda, make_cuda_backend, "cuda",
        kBuiltWithCuda ? "no CUDA device is present" : "pins was built without CUDA"},
+      {BackendKind::Hip, make_hip_backend, "hip",
+       kBuiltWithHip ? "no HIP device is present" : "pins was built without HIP"},
   };
   for (const Case& c : device_backends) {
     if (c.make() != nullptr) continue;
@@ -181,8 +192,8 @@ TEST(HostBackendChoice, AnAbsentDeviceBackendIsRefusedSayingWhy) {
   }
 }
 
-TEST(HostBackendChoice, AutoTakesCudaThenCpu) {
-  const char* want = make_cuda_backend() ? "cuda" : "cpu";
+TEST(HostBackendChoice, AutoTakesCudaThenHipThenCpu) {
+  const char* want = make_cuda_backend() ? "cuda" : make_hip_backend() ? "hip" : "cpu";
   EXPECT_STREQ(make_backend(BackendKind::Auto, false)->name(), want);
 }
 

@@ -388,6 +388,19 @@ TEST(HostPool, CudaBackendRegistersHostMemory) {
   EXPECT_EQ(pool.stats().unregistrations, 1);
 }
 
+TEST(HostPool, HipBackendRegistersHostMemory) {
+  auto backend = make_hip_backend();
+  if (!backend) GTEST_SKIP() << "no HIP device (or pins built without HIP): hipHostRegister path not testable";
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 0));
+  EXPECT_STREQ(pool.stats().backend, "hip");
+  void* p = pool.allocate(3 * MiB);
+  EXPECT_TRUE(pool.is_locked(p));
+  std::memset(p, 1, 3 * MiB);
+  EXPECT_EQ(pool.stats().registrations, 1);
+  pool.free(p);
+  EXPECT_EQ(pool.stats().unregistrations, 1);
+}
+
 }  // namespace
 }  // namespace pins
 
