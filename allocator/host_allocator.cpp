@@ -20,6 +20,9 @@ void delete_block(void* ptr) {
   if (ptr != nullptr) Runtime::get().pool().free(ptr);
 }
 
+// The event of the copy's stream, on its device type. Under torch's ROCm build
+// an AMD GPU is DeviceType::CUDA too (torch's Note [Masquerading as CUDA]), so
+// this is a hipEvent there and the hip backend needs nothing of its own here.
 class EventFence final : public Fence {
  public:
   explicit EventFence(c10::Stream stream) : event_(stream.device_type()) { event_.record(stream); }
@@ -44,7 +47,7 @@ HostPool& torch_pool() {
   }
   TORCH_CHECK_VALUE(pool->backend().holds_bytes(), "PINS_CONF key 'backend' is '", pool->stats().backend,
                     "', which keeps address bookkeeping only (no memory behind a pin: the simulator's); the torch "
-                    "ops need 'cpu', 'cuda' or 'auto'");
+                    "ops need 'cpu', 'cuda', 'hip' or 'auto'");
   return *pool;
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: the include-graph check, GoogleTest through ctest, pytest, then
-# a short fuzz run; ends with one summary line.
+# Runs every test: the include-graph check, GoogleTest through ctest, pytest, the
+# second torch release, a short fuzz run, then the hip backend's check; ends with
+# one summary line.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,7 +23,14 @@ release_rc=$?
 # into build-fuzz/; a crash fails the run and is counted in the summary.
 PINS_FUZZ_JUNIT=build/test-results/fuzz.xml bash scripts/fuzz.sh "${PINS_FUZZ_SECONDS:-5}"
 fuzz_rc=$?
+# The hip backend, compiled with HIP and contract-tested without an AMD GPU
+# (scripts/check_hip.sh, in build-hip/). It exits 77 when HIP cannot be
+# installed here; its report then counts the check as skipped, not passed.
+PINS_HIP_JUNIT=build/test-results/hip.xml bash scripts/check_hip.sh
+hip_rc=$?
+[ $hip_rc -eq 77 ] && hip_rc=0
 .venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
-  build/test-results/fuzz.xml build/test-results/pytest-torch-2.14.xml
+  build/test-results/fuzz.xml build/test-results/pytest-torch-2.14.xml build/test-results/hip.xml
 sum_rc=$?
-[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $release_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] && [ $sum_rc -eq 0 ]
+[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $release_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] \
+  && [ $hip_rc -eq 0 ] && [ $sum_rc -eq 0 ]

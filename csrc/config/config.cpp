@@ -133,7 +133,8 @@ const std::map<std::string, Setter>& setters() {
     }
     s["backend"] = [](Config& c, std::string_view v, std::string_view k) {
       c.backend = parse_enum<BackendKind>(v, k, {{"auto", BackendKind::Auto}, {"cuda", BackendKind::Cuda},
-                                                 {"cpu", BackendKind::Cpu}, {"null", BackendKind::Null}});
+                                                 {"hip", BackendKind::Hip}, {"cpu", BackendKind::Cpu},
+                                                 {"null", BackendKind::Null}});
     };
     s["alignment"] = [](Config& c, std::string_view v, std::string_view k) {
       const uint64_t n = size_value(v, k);

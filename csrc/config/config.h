@@ -30,7 +30,7 @@ const char* to_string(PolicyKind k);
 
 struct Config {
   // --- host pool (csrc/pool/) ---
-  BackendKind backend = BackendKind::Auto;  // auto: cuda when a device is present
+  BackendKind backend = BackendKind::Auto;  // auto: cuda, else hip, when a device is present
   uint64_t segment_size = 1 * GiB;     // address space reserved per segment
   uint64_t extent_min = 2 * MiB;       // smallest range committed and locked at once
   uint64_t alignment = 512;            // block alignment, a power of two <= 4 KiB

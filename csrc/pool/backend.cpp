@@ -11,6 +11,20 @@ constexpr bool kBuiltWithCuda = true;
 #else
 constexpr bool kBuiltWithCuda = false;
 #endif
+#if defined(PINS_WITH_HIP)
+constexpr bool kBuiltWithHip = true;
+#else
+constexpr bool kBuiltWithHip = false;
+#endif
+
+// A device backend the configuration names: when it is absent, the error says
+// whether this build lacks the runtime or this machine lacks the device.
+std::unique_ptr<HostBackend> required(std::unique_ptr<HostBackend> b, const char* name, const char* runtime,
+                                      bool built) {
+  PINS_CHECK_VALUE(b != nullptr, "PINS_CONF backend:", name, " was asked for, but ",
+                   built ? "no " : "pins was built without ", runtime, built ? " device is present" : "");
+  return b;
+}
 
 }  // namespace
 
@@ -18,6 +32,7 @@ const char* to_string(BackendKind k) {
   switch (k) {
     case BackendKind::Auto: return "auto";
     case BackendKind::Cuda: return "cuda";
+    case BackendKind::Hip: return "hip";
     case BackendKind::Cpu: return "cpu";
     case BackendKind::Null: return "null";
   }
@@ -30,16 +45,16 @@ std::unique_ptr<HostBackend> make_backend(BackendKind kind, bool use_mlock) {
       return make_null_backend();
     case BackendKind::Cpu:
       return make_cpu_backend(use_mlock);
-    case BackendKind::Cuda: {
-      auto b = make_cuda_backend();
-      PINS_CHECK_VALUE(b != nullptr, "PINS_CONF backend:cuda was asked for, but ",
-                       kBuiltWithCuda ? "no CUDA device is present" : "pins was built without CUDA");
-      return b;
-    }
+    case BackendKind::Cuda:
+      return required(make_cuda_backend(), "cuda", "CUDA", kBuiltWithCuda);
+    case BackendKind::Hip:
+      return required(make_hip_backend(), "hip", "HIP", kBuiltWithHip);
     case BackendKind::Auto:
       break;
   }
+  // A machine has NVIDIA or AMD GPUs, rarely both; cuda first, as before hip existed.
   if (auto b = make_cuda_backend()) return b;
+  if (auto b = make_hip_backend()) return b;
   return make_cpu_backend(use_mlock);
 }
 

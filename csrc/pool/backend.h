@@ -14,7 +14,7 @@
 //             same size) before it is decommitted.
 // Calls may block (page faults, driver calls): the pool never makes them while
 // holding its lock. One backend per file: backend_cpu.cpp, backend_null.cpp,
-// backend_cuda.cpp; backend.cpp picks one (make_backend).
+// backend_cuda.cpp, backend_hip.cpp; backend.cpp picks one (make_backend).
 #pragma once
 
 #include <cstddef>
@@ -56,9 +56,15 @@ std::unique_ptr<HostBackend> make_null_backend();
 // CUDA or no CUDA device is present. (backend_cuda.cpp)
 std::unique_ptr<HostBackend> make_cuda_backend();
 
-// The backend `kind` asks for; Auto is cuda when available, else cpu.
-// `use_mlock` applies to the cpu backend. Throws pins::ValueError when cuda is
-// asked for and unavailable. (backend.cpp)
+// hipHostRegister on mmap-backed memory, for AMD GPUs (ROCm). nullptr when pins
+// was built without HIP (PINS_WITH_HIP) or no HIP device is present.
+// (backend_hip.cpp)
+std::unique_ptr<HostBackend> make_hip_backend();
+
+// The backend `kind` asks for; Auto is cuda when available, else hip when
+// available, else cpu. `use_mlock` applies to the cpu backend. Throws
+// pins::ValueError when cuda or hip is asked for and unavailable, saying why.
+// (backend.cpp)
 std::unique_ptr<HostBackend> make_backend(BackendKind kind, bool use_mlock);
 
 }  // namespace pins

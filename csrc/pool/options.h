@@ -8,7 +8,7 @@
 namespace pins {
 
 // Which HostBackend serves the pool (csrc/pool/backend.h, make_backend).
-enum class BackendKind { Auto, Cuda, Cpu, Null };
+enum class BackendKind { Auto, Cuda, Hip, Cpu, Null };
 
 const char* to_string(BackendKind k);
 

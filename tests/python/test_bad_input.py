@@ -203,7 +203,7 @@ def test_the_null_backend_is_refused_by_every_op_that_moves_bytes_and_stats_stil
     assert lines[0] == "backend 1", out.stdout
     for line in lines[1:]:
         assert " ValueError PINS_CONF key 'backend' is 'null', which keeps address bookkeeping only" in line, line
-        assert "the torch ops need 'cpu', 'cuda' or 'auto'" in line, line
+        assert "the torch ops need 'cpu', 'cuda', 'hip' or 'auto'" in line, line
 
 
 def test_torchscript_reports_a_bad_value_as_a_runtime_error_with_the_message(pins):

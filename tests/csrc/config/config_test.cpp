@@ -49,6 +49,8 @@ TEST(Config, ParsesEveryKindOfValue) {
   EXPECT_EQ(c.backend, BackendKind::Null);
   EXPECT_EQ(c.policy, PolicyKind::Trace);
   EXPECT_EQ(parse_config("policy:reuse").policy, PolicyKind::Reuse);
+  EXPECT_EQ(parse_config("backend:hip").backend, BackendKind::Hip);
+  EXPECT_EQ(parse_config(format_config(parse_config("backend:HIP"))).backend, BackendKind::Hip);
   EXPECT_EQ(parse_config(format_config(parse_config("policy:reuse"))).policy, PolicyKind::Reuse);
   EXPECT_TRUE(c.fast_disk);
   EXPECT_EQ(c.headroom, 6 * GiB);
@@ -103,7 +105,7 @@ TEST(Config, ErrorsNameKeyAndValue) {
       {"headroom", {"headroom", "key:value"}},
       {"headroom:lots", {"headroom", "lots"}},
       {"headroom:4X", {"headroom", "4X"}},
-      {"backend:tpu", {"backend", "tpu", "cuda"}},
+      {"backend:tpu", {"backend", "tpu", "cuda", "hip"}},
       {"policy:fifo", {"policy", "fifo", "trace"}},
       {"fast_disk:maybe", {"fast_disk", "maybe"}},
       {"mlock:2", {"mlock", "2"}},
