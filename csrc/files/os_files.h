@@ -58,10 +58,10 @@ uint64_t read_at(FileHandle file, char* dst, uint64_t n, uint64_t offset, const 
 // Windows.
 void drop_cached(FileHandle file, uint64_t offset, uint64_t n);
 
-// A read buffer of `n` bytes (a multiple of 2 MiB) on a 2 MiB boundary, on huge
-// pages where the system gives them unasked (Linux's transparent huge pages),
-// for the bounce buffers of Note [File reads]. Its pages are not faulted in.
-// Naming `path` when there is no memory for it.
+// A read buffer of `n` bytes (a multiple of 2 MiB), for the bounce buffers of
+// Note [File reads]: aligned for direct reads; on Linux on a 2 MiB boundary,
+// on transparent huge pages where the kernel allows them. Its pages are not
+// faulted in. A pins::ResourceError naming `path` when there is no memory.
 char* map_buffer(uint64_t n, const std::string& path);
 void unmap_buffer(char* buffer, uint64_t n);
 
