@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: the include-graph check, GoogleTest through ctest, pytest, then
-# a short fuzz run; ends with one summary line.
+# Runs every test: the include-graph check, GoogleTest through ctest, pytest, a
+# short fuzz run, then the core's tests built for Windows and run under wine;
+# ends with one summary line.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -18,7 +19,13 @@ pytest_rc=$?
 # into build-fuzz/; a crash fails the run and is counted in the summary.
 PINS_FUZZ_JUNIT=build/test-results/fuzz.xml bash scripts/fuzz.sh "${PINS_FUZZ_SECONDS:-5}"
 fuzz_rc=$?
+# The torch-free core and its tests cross-compiled with mingw-w64 into
+# build-win/ and run under wine (README, "Windows"): a build error or a failed
+# test fails the run; without mingw-w64 or wine it counts as one skipped test.
+PINS_WINDOWS_JUNIT=build/test-results/windows.xml bash scripts/check_windows.sh
+windows_rc=$?
 .venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
-  build/test-results/fuzz.xml
+  build/test-results/fuzz.xml build/test-results/windows.xml
 sum_rc=$?
-[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] && [ $sum_rc -eq 0 ]
+[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] && [ $windows_rc -eq 0 ] &&
+  [ $sum_rc -eq 0 ]
