@@ -91,7 +91,8 @@ uint64_t read_at(FileHandle file, char* dst, uint64_t n, uint64_t offset, const 
     const ssize_t r = ::pread(fd_of(file), dst + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0)
-      throw ResourceError(detail::cat(path, ": read at offset ", offset + done, " failed (", std::strerror(errno), ")"));
+      throw ResourceError(
+          detail::cat(path, ": read at offset ", offset + done, " failed (", std::strerror(errno), ")"));
     if (r == 0) break;
     done += static_cast<uint64_t>(r);
   }

@@ -21,7 +21,8 @@ int process_id() { return ::getpid(); }
 
 uint64_t fork_generation() {
   static const int registered = ::pthread_atfork(nullptr, nullptr, &count_fork_in_child);
-  if (registered != 0) throw ResourceError(detail::cat("PressureMonitor: pthread_atfork failed: ", std::strerror(registered)));
+  if (registered != 0)
+    throw ResourceError(detail::cat("PressureMonitor: pthread_atfork failed: ", std::strerror(registered)));
   return g_fork_generation.load(std::memory_order_relaxed);
 }
 

@@ -43,29 +43,33 @@ uint64_t private_bytes(HANDLE process) {
   return pmc.PrivateUsage;
 }
 
-// The private bytes of every process in this process's job.
-uint64_t job_private_bytes() {
+// The ids of the processes in this process's job.
+std::vector<DWORD> job_process_ids() {
   std::vector<char> buf(sizeof(JOBOBJECT_BASIC_PROCESS_ID_LIST) + 64 * sizeof(ULONG_PTR));
   for (;;) {
     auto* list = reinterpret_cast<JOBOBJECT_BASIC_PROCESS_ID_LIST*>(buf.data());
-    if (QueryInformationJobObject(nullptr, JobObjectBasicProcessIdList, list, static_cast<DWORD>(buf.size()), nullptr) ||
-        GetLastError() == ERROR_MORE_DATA) {
-      if (list->NumberOfProcessIdsInList < list->NumberOfAssignedProcesses) {  // grown meanwhile: ask again
-        buf.resize(sizeof(JOBOBJECT_BASIC_PROCESS_ID_LIST) + (list->NumberOfAssignedProcesses + 16) * sizeof(ULONG_PTR));
-        continue;
-      }
-      uint64_t sum = 0;
-      for (DWORD i = 0; i < list->NumberOfProcessIdsInList; ++i) {
-        const HANDLE p = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, FALSE, static_cast<DWORD>(list->ProcessIdList[i]));
-        if (p == nullptr) continue;
-        sum = add_sat(sum, private_bytes(p));
-        CloseHandle(p);
-      }
-      return sum;
-    }
-    throw ResourceError(detail::cat("cannot list the processes of this process's job: ",
-                                    win32::error_text(GetLastError())));
+    const DWORD size = static_cast<DWORD>(buf.size());
+    if (!QueryInformationJobObject(nullptr, JobObjectBasicProcessIdList, list, size, nullptr) &&
+        GetLastError() != ERROR_MORE_DATA)
+      throw ResourceError(detail::cat("cannot list the processes of this process's job: ",
+                                      win32::error_text(GetLastError())));
+    if (list->NumberOfProcessIdsInList >= list->NumberOfAssignedProcesses)
+      return std::vector<DWORD>(list->ProcessIdList, list->ProcessIdList + list->NumberOfProcessIdsInList);
+    // More than the buffer holds (or than it did a moment ago): ask again, with room to spare.
+    buf.resize(sizeof(JOBOBJECT_BASIC_PROCESS_ID_LIST) + (list->NumberOfAssignedProcesses + 16) * sizeof(ULONG_PTR));
   }
+}
+
+// The private bytes of every process in this process's job.
+uint64_t job_private_bytes() {
+  uint64_t sum = 0;
+  for (const DWORD id : job_process_ids()) {
+    const HANDLE p = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, FALSE, id);
+    if (p == nullptr) continue;  // gone since, or not ours to ask
+    sum = add_sat(sum, private_bytes(p));
+    CloseHandle(p);
+  }
+  return sum;
 }
 
 // Note [Windows memory readings]: bounds `m` by the caps of the job this
@@ -75,7 +79,8 @@ void bound_by_job(MemoryInfo& m) {
   if (!IsProcessInJob(GetCurrentProcess(), nullptr, &in_job) || !in_job) return;
   JOBOBJECT_EXTENDED_LIMIT_INFORMATION job{};
   if (!QueryInformationJobObject(nullptr, JobObjectExtendedLimitInformation, &job, sizeof job, nullptr))
-    throw ResourceError(detail::cat("cannot read the limits of this process's job: ", win32::error_text(GetLastError())));
+    throw ResourceError(
+        detail::cat("cannot read the limits of this process's job: ", win32::error_text(GetLastError())));
   const DWORD flags = job.BasicLimitInformation.LimitFlags;
   uint64_t limit = kNoLimit, room = kNoLimit;
   if (flags & JOB_OBJECT_LIMIT_PROCESS_MEMORY) {
