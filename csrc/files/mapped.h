@@ -15,7 +15,8 @@
 //   counts as written.
 // Then the pin is copied from memory, as for any other source, and the fall
 // back is counted. A file rewritten on disk under the mapping: Note [Changed
-// files].
+// files]. Windows maps a copy-on-write view and tells written pages otherwise:
+// Note [Windows file reads] (os_files_win.cpp).
 //
 // Note [Changed files]
 // A file rewritten in place after load_file mapped it (the same inode: written
@@ -122,7 +123,8 @@ bool any_mapped();
 // the range is a pins::ResourceError naming the file, its size and the range.
 // A truncation between that check and the read still faults: the window is
 // the copy itself. A pin already made holds its bytes and is served without a
-// read of the source.
+// read of the source. Windows refuses to truncate a file that has a mapped
+// view, so there the fault has no counterpart (Note [Windows file reads]).
 void check_file_covers(const FileRange& where, uint64_t n);
 
 // pages_unwritten(p, n) (os_files.h) tells a range written through its mapping.

@@ -43,7 +43,9 @@
 //   several offsets defeat it (on the project's machine 4 threads read a
 //   512 MiB file at 0.63 of a raw O_DIRECT read, one at 0.94).
 // pins-bench load measures both against a raw O_DIRECT read
-// (docs/PERFORMANCE.md, "load").
+// (docs/PERFORMANCE.md, "load"). On Windows, O_DIRECT is
+// FILE_FLAG_NO_BUFFERING and there is no DONTNEED: Note [Windows file reads]
+// (os_files_win.cpp).
 #pragma once
 
 #include <cstdint>
