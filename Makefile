@@ -26,4 +26,4 @@ sanitize: setup
 	@bash scripts/sanitize.sh
 
 clean:
-	rm -rf build build-asan build-tsan build-tsa build-asan-ops build-fuzz build-hip
+	rm -rf build build-asan build-tsan build-tsa build-asan-ops build-fuzz build-hip build-win build-torch-*

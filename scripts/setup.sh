@@ -7,8 +7,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 # clang and its runtimes (libFuzzer, sanitizers): the short fuzz run of
-# scripts/test.sh (scripts/fuzz.sh) and the thread-safety analysis.
-apt_pkgs=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev clang libclang-rt-dev)
+# scripts/test.sh (scripts/fuzz.sh) and the thread-safety analysis. mingw-w64
+# (its posix-threads g++) and wine: the core built for Windows and its tests run
+# (scripts/check_windows.sh).
+apt_pkgs=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev clang libclang-rt-dev g++-mingw-w64-x86-64-posix wine64)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

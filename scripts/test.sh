@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the include-graph check, GoogleTest through ctest, pytest, the
-# second torch release, a short fuzz run, then the hip backend's check; ends with
-# one summary line.
+# second torch release, a short fuzz run, the hip backend's check, then the
+# core's tests built for Windows and run under wine; ends with one summary line.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -29,8 +29,14 @@ fuzz_rc=$?
 PINS_HIP_JUNIT=build/test-results/hip.xml bash scripts/check_hip.sh
 hip_rc=$?
 [ $hip_rc -eq 77 ] && hip_rc=0
+# The torch-free core and its tests cross-compiled with mingw-w64 into
+# build-win/ and run under wine (README, "Windows"): a build error or a failed
+# test fails the run; without mingw-w64 or wine it counts as one skipped test.
+PINS_WINDOWS_JUNIT=build/test-results/windows.xml bash scripts/check_windows.sh
+windows_rc=$?
 .venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
-  build/test-results/fuzz.xml build/test-results/pytest-torch-2.14.xml build/test-results/hip.xml
+  build/test-results/fuzz.xml build/test-results/pytest-torch-2.14.xml build/test-results/hip.xml \
+  build/test-results/windows.xml
 sum_rc=$?
 [ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $release_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] \
-  && [ $hip_rc -eq 0 ] && [ $sum_rc -eq 0 ]
+  && [ $hip_rc -eq 0 ] && [ $windows_rc -eq 0 ] && [ $sum_rc -eq 0 ]

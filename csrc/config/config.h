@@ -53,7 +53,7 @@ struct Config {
   bool monitor = false;                // background thread that relieves RAM pressure
   uint64_t monitor_interval_ms = 200;  // poll period when PSI is unavailable
   uint64_t memory_max_age_us = 5000;   // Note [Memory readings]: how long a reading of system memory stands
-  std::string system_root = "/";       // where /proc and /sys are read (tests use fixtures)
+  std::string system_root = "/";       // where /proc and /sys are read (tests use fixtures); Linux only
 
   friend bool operator==(const Config&, const Config&) = default;
 };

@@ -15,7 +15,8 @@
 //   counts as written.
 // Then the pin is copied from memory, as for any other source, and the fall
 // back is counted. A file rewritten on disk under the mapping: Note [Changed
-// files].
+// files]. Windows maps a copy-on-write view and tells written pages otherwise:
+// Note [Windows file reads] (os_files_win.cpp).
 //
 // Note [Changed files]
 // A file rewritten in place after load_file mapped it (the same inode: written
@@ -55,8 +56,8 @@ namespace pins::files {
 // its pins go with their tensors, Note [Dead source reclaim]).
 class FileWatch {
  public:
-  // Takes `fd`, a descriptor of the file, whose fstat gave `size`, `mtime_ns`, `ctime_ns`.
-  FileWatch(int fd, uint64_t size, int64_t mtime_ns, int64_t ctime_ns);
+  // Takes `file`, a handle of the file, whose stamp was `stamp`.
+  FileWatch(FileHandle file, const FileStamp& stamp);
   ~FileWatch();
   FileWatch(const FileWatch&) = delete;
   FileWatch& operator=(const FileWatch&) = delete;
@@ -67,15 +68,9 @@ class FileWatch {
   static constexpr int64_t kLookInterval = 2'000'000;  // ns
 
  private:
-  struct Stamp {
-    uint64_t size = 0;
-    int64_t mtime_ns = 0;
-    int64_t ctime_ns = 0;
-    bool operator==(const Stamp&) const = default;
-  };
-  const int fd_;
-  std::mutex mu_;  // a leaf: one look at a time
-  Stamp stamp_;    // guarded by mu_
+  const FileHandle file_;
+  std::mutex mu_;    // a leaf: one look at a time
+  FileStamp stamp_;  // guarded by mu_
   std::atomic<int64_t> looked_ns_;
   std::atomic<uint64_t> changes_{0};
 };
@@ -93,16 +88,16 @@ class MappedFile {
   const std::string& path() const { return path_; }
   char* data() const { return static_cast<char*>(base_); }
   uint64_t size() const { return size_; }
-  int fd() const { return fd_; }
-  int direct_fd() const { return direct_fd_; }
+  FileHandle file() const { return file_; }
+  FileHandle direct() const { return direct_; }  // kNoFile where the filesystem refuses direct reads
   // Note [Changed files].
   const std::shared_ptr<FileWatch>& watch() const { return watch_; }
 
  private:
   MappedFile() = default;
   std::string path_;
-  int fd_ = -1;
-  int direct_fd_ = -1;
+  FileHandle file_ = kNoFile;
+  FileHandle direct_ = kNoFile;
   void* base_ = nullptr;
   uint64_t size_ = 0;
   std::shared_ptr<FileWatch> watch_;
@@ -128,12 +123,11 @@ bool any_mapped();
 // the range is a pins::ResourceError naming the file, its size and the range.
 // A truncation between that check and the read still faults: the window is
 // the copy itself. A pin already made holds its bytes and is served without a
-// read of the source.
+// read of the source. Windows refuses to truncate a file that has a mapped
+// view, so there the fault has no counterpart (Note [Windows file reads]).
 void check_file_covers(const FileRange& where, uint64_t n);
 
-// Note [File-backed pins]: true when no page of [p, p + n) was written
-// through its mapping (none anonymous or swapped in /proc/self/pagemap).
-bool pages_unwritten(const void* p, uint64_t n);
+// pages_unwritten(p, n) (os_files.h) tells a range written through its mapping.
 
 // Counters of the fills from files, process-wide and never decreasing.
 struct FileFillStats {

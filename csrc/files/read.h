@@ -43,13 +43,15 @@
 //   several offsets defeat it (on the project's machine 4 threads read a
 //   512 MiB file at 0.63 of a raw O_DIRECT read, one at 0.94).
 // pins-bench load measures both against a raw O_DIRECT read
-// (docs/PERFORMANCE.md, "load").
+// (docs/PERFORMANCE.md, "load"). On Windows, O_DIRECT is
+// FILE_FLAG_NO_BUFFERING and there is no DONTNEED: Note [Windows file reads]
+// (os_files_win.cpp).
 #pragma once
-
-#include <sys/stat.h>
 
 #include <cstdint>
 #include <string>
+
+#include "csrc/files/os_files.h"
 
 namespace pins::files {
 
@@ -65,25 +67,12 @@ struct ReadResult {
   int threads = 1;
 };
 
-// Reads [offset, offset + n) into dst. `fd` is a plain descriptor of the
-// file, `direct_fd` the same file opened with O_DIRECT, or -1. Throws
+// Reads [offset, offset + n) into dst. `file` is the file opened plainly,
+// `direct` the same file through open_direct(), or kNoFile. Throws
 // pins::ResourceError naming `path` on a read error, or on a file shorter than
 // the range (naming where the file ends and the range); dst is then partly
 // written.
-ReadResult read_range(int fd, int direct_fd, const std::string& path, uint64_t offset, void* dst, uint64_t n,
-                      int threads = kReadThreads);
-
-// `fd` reopened with O_DIRECT (the same open file, through /proc/self/fd), or
-// -1 where the filesystem refuses it.
-int open_direct(int fd);
-
-// `path` opened for reading, a regular file: anything else (a FIFO, a
-// directory, a device, a socket) is a pins::ValueError naming the path and what
-// it is, raised before anything could block on it (a FIFO's open waits for a
-// writer: the path is checked first and opened non-blocking, then checked
-// again on the descriptor, whose status is left in `st`). A path with a NUL
-// byte is a pins::ValueError (the system would open the file its prefix names);
-// one that cannot be opened, a pins::ResourceError naming it and why.
-int open_regular(const std::string& path, struct stat& st);
+ReadResult read_range(FileHandle file, FileHandle direct, const std::string& path, uint64_t offset, void* dst,
+                      uint64_t n, int threads = kReadThreads);
 
 }  // namespace pins::files

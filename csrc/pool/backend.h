@@ -13,7 +13,8 @@
 //             locked range is unlocked exactly as it was locked (same base,
 //             same size) before it is decommitted.
 // Calls may block (page faults, driver calls): the pool never makes them while
-// holding its lock. One backend per file: backend_cpu.cpp, backend_null.cpp,
+// holding its lock. One backend per file: backend_cpu_linux.cpp or
+// backend_cpu_win.cpp (the build picks the system's), backend_null.cpp,
 // backend_cuda.cpp, backend_hip.cpp; backend.cpp picks one (make_backend).
 #pragma once
 
@@ -43,8 +44,9 @@ class HostBackend {
   virtual int unlock(void* addr, size_t size) = 0;
 };
 
-// mmap-backed host memory; lock() is mlock when `use_mlock`, else unavailable.
-// (backend_cpu.cpp)
+// The system's virtual memory: mmap, lock() mlock on Linux
+// (backend_cpu_linux.cpp); VirtualAlloc, lock() VirtualLock on Windows
+// (backend_cpu_win.cpp). Without `use_mlock`, lock() is unavailable.
 std::unique_ptr<HostBackend> make_cpu_backend(bool use_mlock);
 
 // Address bookkeeping only: reserve hands out addresses that must never be
@@ -52,7 +54,7 @@ std::unique_ptr<HostBackend> make_cpu_backend(bool use_mlock);
 // (backend_null.cpp)
 std::unique_ptr<HostBackend> make_null_backend();
 
-// cudaHostRegister on mmap-backed memory. nullptr when pins was built without
+// cudaHostRegister on the cpu backend's memory. nullptr when pins was built without
 // CUDA or no CUDA device is present. (backend_cuda.cpp)
 std::unique_ptr<HostBackend> make_cuda_backend();
 

@@ -1,13 +1,15 @@
-// The mmap layer shared by the cpu and cuda backends.
+// The system's virtual memory, shared by the cpu, cuda and hip backends: one
+// implementation per system, backend_cpu_linux.cpp (mmap) and
+// backend_cpu_win.cpp (VirtualAlloc), of which the build compiles one.
 #pragma once
 
 #include "csrc/pool/backend.h"
 
 namespace pins {
 
-class MmapBackend : public HostBackend {
+class CpuBackend : public HostBackend {
  public:
-  explicit MmapBackend(bool use_mlock);
+  explicit CpuBackend(bool use_mlock);
   const char* name() const override { return "cpu"; }
   size_t page_size() const override { return page_; }
   bool can_lock() const override { return mlock_; }

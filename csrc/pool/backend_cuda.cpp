@@ -1,6 +1,6 @@
-// The cuda backend: cudaHostRegister over the mmap layer, reserved and committed
-// like cpu memory, page-locked by the driver so copies to the device are DMA,
-// not staged. Built without CUDA (PINS_WITH_CUDA unset) it is never available.
+// The cuda backend: cudaHostRegister over the cpu backend's memory, reserved
+// and committed like cpu memory, page-locked by the driver so copies to the
+// device are DMA, not staged. Built without CUDA (PINS_WITH_CUDA unset) it is never available.
 #include "csrc/pool/backend_cpu.h"
 
 #if defined(PINS_WITH_CUDA)
@@ -12,9 +12,9 @@
 namespace pins {
 namespace {
 
-class CudaBackend final : public MmapBackend {
+class CudaBackend final : public CpuBackend {
  public:
-  CudaBackend() : MmapBackend(false) {}
+  CudaBackend() : CpuBackend(false) {}
   const char* name() const override { return "cuda"; }
   bool can_lock() const override { return true; }
   int lock(void* addr, size_t size) override {

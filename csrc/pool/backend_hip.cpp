@@ -1,4 +1,4 @@
-// The hip backend: hipHostRegister over the mmap layer, the ROCm twin of the
+// The hip backend: hipHostRegister over the cpu backend's memory, the ROCm twin of the
 // cuda backend (backend_cuda.cpp), for AMD GPUs. Built without HIP
 // (PINS_WITH_HIP unset) it is never available.
 //
@@ -18,9 +18,9 @@
 namespace pins {
 namespace {
 
-class HipBackend final : public MmapBackend {
+class HipBackend final : public CpuBackend {
  public:
-  HipBackend() : MmapBackend(false) {}
+  HipBackend() : CpuBackend(false) {}
   const char* name() const override { return "hip"; }
   bool can_lock() const override { return true; }
   int lock(void* addr, size_t size) override {

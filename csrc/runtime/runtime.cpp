@@ -1,7 +1,5 @@
 #include "csrc/runtime/runtime.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "csrc/base/check.h"
+#include "csrc/system/process.h"
 
 namespace pins {
 namespace {
@@ -55,7 +54,7 @@ Runtime::Runtime(const Config& c)
       monitor_(c.monitor ? start_monitor(c.monitor_interval_ms, c.system_root) : nullptr) {
   // Note [Fork safety]: handlers registered once, before the first Runtime is
   // listed; they find every Runtime through the list.
-  static const int registered = ::pthread_atfork(&Runtime::prepare_fork, &Runtime::after_fork, &Runtime::after_fork);
+  static const int registered = at_fork(&Runtime::prepare_fork, &Runtime::after_fork, &Runtime::after_fork);
   if (registered != 0) throw ResourceError(detail::cat("Runtime: pthread_atfork failed: ", std::strerror(registered)));
   LiveRuntimes& l = live_runtimes();
   MutexLock g(l.mu);

@@ -28,6 +28,8 @@
 //  - The pool's memory is copied on write; its page-locks are the parent's
 //    (mlock is not inherited; a CUDA registration belongs to the parent's CUDA
 //    context, which a child must not use, as CUDA itself requires).
+// Windows has no fork(): there nothing is registered and none of this arises
+// (csrc/system/process.h).
 #pragma once
 
 #include <atomic>

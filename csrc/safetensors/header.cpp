@@ -1,10 +1,6 @@
 #include "csrc/safetensors/header.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -281,33 +277,22 @@ Header parse_header(std::string_view bytes, uint64_t file_size, const std::strin
 }
 
 Header read_header(const std::string& path) {
-  struct stat st {};
-  const int fd = files::open_regular(path, st);
+  files::FileStamp stamp;
+  const files::FileHandle file = files::open_regular(path, stamp);
   struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+    files::FileHandle file;
+    ~Closer() { files::close_file(file); }
+  } closer{file};
+  const uint64_t size = stamp.size;
   // The length first, checked, then exactly the header: a hostile length
   // never sizes an allocation beyond the format's cap or the file.
   std::string bytes(std::min<uint64_t>(size, 8), '\0');
-  const auto read_at = [&](char* dst, size_t n, uint64_t off) {
-    size_t done = 0;
-    while (done < n) {
-      const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(off + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw ResourceError(detail::cat(path, ": read failed (", std::strerror(errno), ")"));
-      if (r == 0) break;
-      done += static_cast<size_t>(r);
-    }
-    return done;
-  };
-  bytes.resize(read_at(bytes.data(), bytes.size(), 0));
+  bytes.resize(files::read_at(file, bytes.data(), bytes.size(), 0, path));
   if (bytes.size() == 8) {
     const uint64_t n = le64(bytes);
     if (n <= kMaxHeaderBytes && n <= size - 8) {
       bytes.resize(8 + n);
-      bytes.resize(8 + read_at(bytes.data() + 8, n, 8));
+      bytes.resize(8 + files::read_at(file, bytes.data() + 8, n, 8, path));
     }
   }
   return parse_header(bytes, size, path);

@@ -9,11 +9,16 @@
 //    2000000" where the kernel refuses 1 s windows to a process without
 //    CAP_SYS_RESOURCE), when that file is a procfs file that accepts a trigger;
 //    otherwise PSI is not used;
+//  - on Windows, when the system's low-memory notification is signalled
+//    (Note [Windows pressure notification]); uses_psi() then says that this
+//    signal, Windows' stand-in for PSI, is in use;
 //  - every `interval` in either mode, because RAM can run out slowly without
 //    any stall, which PSI alone would miss.
-// stop() wakes the thread through an eventfd, so it returns as soon as a check
-// in progress (and its on_pressure()) finishes, whatever the interval. A wake-up
-// on the eventfd that stop() did not ask for is drained and ignored.
+// stop() wakes the thread through an eventfd (an event on Windows), so it
+// returns as soon as a check in progress (and its on_pressure()) finishes,
+// whatever the interval. A wake-up on the eventfd that stop() did not ask for
+// is drained and ignored. The system's side of it all is a PressureSignal
+// (csrc/system/pressure_signal.h).
 //
 // Note [Monitor across fork]
 // A child of fork() gets a copy of the monitor object but not its thread, and
@@ -24,17 +29,20 @@
 // own copies of the descriptors (the parent's stay open, and its PSI trigger
 // with them) and abandon the thread handle (a few bytes leaked per inherited
 // monitor). An inherited monitor never checks anything: whoever owns it builds
-// a new one in the child if it wants one (Runtime::configure does).
+// a new one in the child if it wants one (Runtime::configure does). Windows
+// has no fork(): there a monitor is never inherited (csrc/system/process.h).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "csrc/base/thread_safety.h"
+#include "csrc/system/pressure_signal.h"
 #include "csrc/system/sysmem.h"
 
 namespace pins {
@@ -87,8 +95,9 @@ class PressureMonitor {
   const int pid_;
   const uint64_t fork_generation_;
   std::atomic<bool> abandoned_{false};  // an inherited monitor's stop() ran
-  int wake_fd_ = -1;  // eventfd written by stop()
-  int psi_fd_ = -1;   // PSI trigger, -1 when polling; after construction only the thread touches it
+  // stop()'s wake-up and the system's signal; after construction only the
+  // thread waits on it.
+  std::unique_ptr<PressureSignal> signal_;
   std::atomic<bool> uses_psi_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> wakeups_{0};

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "csrc/base/check.h"
+#include "tests/csrc/config/env.h"
 
 namespace pins {
 namespace {
@@ -259,13 +260,13 @@ TEST(Config, PoolOptionsComeFromThePoolKeys) {
 }
 
 TEST(Config, ReadsEnvironment) {
-  ASSERT_EQ(setenv("PINS_CONF", "policy:lru,headroom:1G", 1), 0);
+  ASSERT_EQ(testing::set_env("PINS_CONF", "policy:lru,headroom:1G"), 0);
   const Config c = config_from_env();
   EXPECT_EQ(c.policy, PolicyKind::Lru);
   EXPECT_EQ(c.headroom, GiB);
-  ASSERT_EQ(setenv("PINS_CONF", "policy:nope", 1), 0);
+  ASSERT_EQ(testing::set_env("PINS_CONF", "policy:nope"), 0);
   EXPECT_THROW(config_from_env(), ValueError);
-  unsetenv("PINS_CONF");
+  testing::unset_env("PINS_CONF");
   EXPECT_EQ(config_from_env().policy, PolicyKind::Mru);
 }
 

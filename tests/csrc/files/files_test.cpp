@@ -1,10 +1,7 @@
 // Note [File reads] and Note [File-backed pins]: bytes read from the file are
 // the file's, at any offset and size, on any thread count, direct or not; a
 // page written through the mapping stops the file from being used.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -16,62 +13,49 @@
 #include "csrc/base/check.h"
 #include "csrc/files/mapped.h"
 #include "csrc/files/read.h"
+#include "tests/csrc/files/temp_file.h"
 
 namespace pins::files {
 namespace {
 
-// A file of `n` pseudo-random bytes in `dir`, removed with the object.
-struct TempFile {
-  std::string path;
-  std::string bytes;
-  TempFile(const std::string& dir, uint64_t n, uint32_t seed) {
-    path = dir + "/pins_files_testXXXXXX";
-    const int fd = ::mkstemp(path.data());
-    EXPECT_GE(fd, 0) << path;
-    ::close(fd);
-    std::mt19937 rng(seed);
-    bytes.resize(n);
-    for (char& c : bytes) c = static_cast<char>(rng());
-    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(n));
-    // On disk, so the page cache holds clean pages the kernel may drop.
-    const int wfd = ::open(path.c_str(), O_RDONLY);
-    ::fsync(wfd);
-    ::close(wfd);
-  }
-  ~TempFile() { std::remove(path.c_str()); }
-};
+using testing::TempFile;
+
+// `path` opened plainly, for read_range.
+FileHandle open_plain(const std::string& path) {
+  FileStamp stamp;
+  return open_regular(path, stamp);
+}
 
 // Reads [offset, offset + n) into a buffer placed so that its address is
 // congruent to the file offset modulo kDirectAlign (`congruent`: O_DIRECT
 // straight into it, Note [File reads]) or one byte off it (through a bounce
 // buffer); `direct` false reads buffered.
 void expect_range(const TempFile& f, bool direct, bool congruent, uint64_t offset, uint64_t n, int threads) {
-  const int fd = ::open(f.path.c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  const int dfd = direct ? open_direct(fd) : -1;
+  const FileHandle fd = open_plain(f.path);
+  const FileHandle dfd = direct ? open_direct(fd) : kNoFile;
   std::vector<char> buf(n + 2 * kDirectAlign + 2, '\x01');
   const uintptr_t base = reinterpret_cast<uintptr_t>(buf.data()) + 1;
   char* dst = buf.data() + 1 + (offset - base) % kDirectAlign + (congruent ? 0 : 1);
   const ReadResult how = read_range(fd, dfd, f.path, offset, dst, n, threads);
-  EXPECT_EQ(how.direct, dfd >= 0);
+  EXPECT_EQ(how.direct, dfd != kNoFile);
   EXPECT_EQ(how.congruent, congruent);
 #if defined(__x86_64__)
-  EXPECT_EQ(how.streamed, dfd >= 0 && !congruent && n >= kReadChunk);  // Note [File reads]: non-temporal stores
+  EXPECT_EQ(how.streamed, dfd != kNoFile && !congruent && n >= kReadChunk);  // Note [File reads]: non-temporal stores
 #else
   EXPECT_FALSE(how.streamed);
 #endif
   EXPECT_EQ(0, std::memcmp(dst, f.bytes.data() + offset, n)) << "offset " << offset << " n " << n;
   EXPECT_EQ(dst[-1], '\x01');  // nothing written outside the range
   EXPECT_EQ(dst[n], '\x01');
-  if (dfd >= 0) ::close(dfd);
-  ::close(fd);
+  if (dfd != kNoFile) close_file(dfd);
+  close_file(fd);
 }
 
 TEST(FileReads, BitExactAtOddOffsetsAndSizesOnAnyThreadCount) {
   const uint32_t seed = std::random_device{}();
   std::printf("FileReads seed=%u\n", seed);
   const uint64_t size = 3 * kReadChunk + 12345;
-  TempFile f("/tmp", size, seed);
+  TempFile f(size, seed);
   std::mt19937_64 rng(seed);
   for (bool direct : {true, false}) {
     for (bool congruent : {true, false}) {
@@ -92,19 +76,19 @@ TEST(FileReads, BitExactAtOddOffsetsAndSizesOnAnyThreadCount) {
 }
 
 TEST(FileReads, AFileShorterThanTheRangeIsAnErrorNamingIt) {
-  TempFile f("/tmp", 10000, 7);
-  const int fd = ::open(f.path.c_str(), O_RDONLY);
+  TempFile f(10000, 7);
+  const FileHandle fd = open_plain(f.path);
   std::vector<char> dst(20000);
-  for (int dfd : {open_direct(fd), -1}) {
+  for (FileHandle dfd : {open_direct(fd), kNoFile}) {
     try {
       read_range(fd, dfd, f.path, 5000, dst.data(), 6000);
       ADD_FAILURE() << "no error";
     } catch (const ResourceError& e) {
       EXPECT_NE(std::string(e.what()).find(f.path + ": the file ends at 10000"), std::string::npos) << e.what();
     }
-    if (dfd >= 0) ::close(dfd);
+    if (dfd != kNoFile) close_file(dfd);
   }
-  ::close(fd);
+  close_file(fd);
 }
 
 TEST(FileReads, AShortFileNamesItsRealEndWhicheverThreadFailsFirst) {
@@ -112,9 +96,9 @@ TEST(FileReads, AShortFileNamesItsRealEndWhicheverThreadFailsFirst) {
   // and may well fail before the one that reads up to the end: the message
   // must name the file's end all the same.
   const uint64_t size = 4195464;  // 4 MiB + 1160: inside the first of three chunks
-  TempFile f("/tmp", size, 13);
-  const int fd = ::open(f.path.c_str(), O_RDONLY);
-  const int dfd = open_direct(fd);
+  TempFile f(size, 13);
+  const FileHandle fd = open_plain(f.path);
+  const FileHandle dfd = open_direct(fd);
   const uint64_t n = 20 << 20;
   std::vector<char> buf(n + 2 * kDirectAlign);
   char* aligned = buf.data() + (kDirectAlign - reinterpret_cast<uintptr_t>(buf.data()) % kDirectAlign);
@@ -122,7 +106,7 @@ TEST(FileReads, AShortFileNamesItsRealEndWhicheverThreadFailsFirst) {
   for (const uint64_t offset : {uint64_t{0}, uint64_t{1242}, uint64_t{10} << 20}) {
     // Congruent to the file offset (O_DIRECT straight in), then one byte off (through bounce buffers).
     for (char* dst : {aligned + offset % kDirectAlign, aligned + offset % kDirectAlign + 1}) {
-      for (const int d : {dfd, -1}) {
+      for (const FileHandle d : {dfd, kNoFile}) {
         for (int rep = 0; rep < 10; ++rep) {
           try {
             EXPECT_EQ(read_range(fd, d, f.path, offset, dst, n, 4).congruent, dst == aligned + offset % kDirectAlign);
@@ -130,35 +114,18 @@ TEST(FileReads, AShortFileNamesItsRealEndWhicheverThreadFailsFirst) {
           } catch (const ResourceError& e) {
             const std::string want = detail::cat(f.path, ": the file ends at ", size, ", short of the range read (", n,
                                                  " bytes from offset ", offset, ")");
-            EXPECT_EQ(std::string(e.what()), want) << "direct " << (d >= 0) << " rep " << rep;
+            EXPECT_EQ(std::string(e.what()), want) << "direct " << (d != kNoFile) << " rep " << rep;
           }
         }
       }
     }
   }
-  if (dfd >= 0) ::close(dfd);
-  ::close(fd);
-}
-
-TEST(FileReads, BufferedReadsLeaveNothingCached) {
-  // Note [File reads]: after a buffered read the range is dropped from the page cache.
-  TempFile f("/tmp", 4 << 20, 11);
-  const int fd = ::open(f.path.c_str(), O_RDONLY);
-  std::vector<char> dst(4 << 20);
-  read_range(fd, -1, f.path, 0, dst.data(), dst.size(), 2);
-  void* map = ::mmap(nullptr, dst.size(), PROT_READ, MAP_SHARED, fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  std::vector<unsigned char> resident(dst.size() / 4096);
-  ASSERT_EQ(0, ::mincore(map, dst.size(), resident.data()));
-  size_t cached = 0;
-  for (unsigned char r : resident) cached += r & 1;
-  ::munmap(map, dst.size());
-  ::close(fd);
-  EXPECT_EQ(cached, 0u) << cached << " of " << resident.size() << " pages still cached";
+  if (dfd != kNoFile) close_file(dfd);
+  close_file(fd);
 }
 
 TEST(MappedFiles, FindsRangesOnlyInsideALiveMapping) {
-  TempFile f("/tmp", 3 * 4096 + 100, 3);
+  TempFile f(3 * 4096 + 100, 3);
   FileRange r;
   const char* base = nullptr;
   {
@@ -179,7 +146,7 @@ TEST(MappedFiles, FindsRangesOnlyInsideALiveMapping) {
 }
 
 TEST(MappedFiles, AWrittenPageStopsTheFileFromBeingRead) {
-  TempFile f("/tmp", 5 * 4096, 5);
+  TempFile f(5 * 4096, 5);
   auto m = MappedFile::open(f.path);
   char* p = m->data();
   EXPECT_TRUE(pages_unwritten(p, m->size()));  // nothing touched yet

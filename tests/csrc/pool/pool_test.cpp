@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#if defined(_WIN32)
+#include <windows.h>
+#include <psapi.h>
+#endif
+
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -102,12 +107,19 @@ class CheckedPool {
   HostPool pool_;
 };
 
+// The process's resident memory: VmRSS on Linux, the working set on Windows.
 int64_t rss_kib() {
+#if defined(_WIN32)
+  PROCESS_MEMORY_COUNTERS pmc{};
+  if (!K32GetProcessMemoryInfo(GetCurrentProcess(), &pmc, sizeof pmc)) return -1;
+  return static_cast<int64_t>(pmc.WorkingSetSize / 1024);
+#else
   std::ifstream f("/proc/self/status");
   std::string line;
   while (std::getline(f, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
   return -1;
+#endif
 }
 
 TEST(HostPool, ReusesAFreedBlockWithoutNewCommit) {

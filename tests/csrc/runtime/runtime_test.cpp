@@ -1,13 +1,9 @@
+// The runtime on every system: its configuration, its monitor, its one
+// process-wide instance (across fork(): runtime_linux_test.cpp).
 #include "csrc/runtime/runtime.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -15,88 +11,13 @@
 #include <vector>
 
 #include "csrc/base/check.h"
-#include "tests/csrc/system/fixture_root.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define PINS_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PINS_TEST_TSAN 1
-#endif
-#endif
-#ifdef PINS_TEST_TSAN
-// The fork tests' children start threads (their own monitors), which
-// ThreadSanitizer forbids after a multi-threaded fork unless told otherwise.
-extern "C" const char* __tsan_default_options() { return "die_after_fork=0"; }
-#endif
+#include "tests/csrc/config/env.h"
+#include "tests/csrc/runtime/runtime_fixture.h"
 
 namespace pins {
 namespace {
 
-using testing::FixtureRoot;
-using namespace std::chrono_literals;
-
-// Waits up to 5 s for `cond`.
-template <typename Cond>
-bool eventually(Cond cond) {
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
-std::string describe(int status) {
-  if (WIFEXITED(status)) return "exited with " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-  return "status " + std::to_string(status);
-}
-
-// Forks; the child runs `child` under an alarm (a lock copied held, or a join
-// of a thread that is not there, becomes SIGALRM, not a hung test) and exits 0
-// unless it called fail(). Returns the child's wait status.
-template <typename Child>
-int in_fork_child(Child child, unsigned alarm_s = 10) {
-  const pid_t pid = ::fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    ::alarm(alarm_s);
-    try {
-      child();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "fork child threw: %s\n", e.what());
-      std::_Exit(100);
-    }
-    std::_Exit(0);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-  }
-  return status;
-}
-
-[[noreturn]] void fail(int code, const char* why) {
-  std::fprintf(stderr, "fork child: %s\n", why);
-  std::_Exit(code);
-}
-
-// A system root with plenty of available RAM, so a monitor never relieves.
-class RuntimeTest : public ::testing::Test {
- protected:
-  RuntimeTest() {
-    root_.write("proc/meminfo",
-                "MemTotal:       67108864 kB\n"
-                "MemAvailable:   62914560 kB\n"
-                "SwapTotal:      0 kB\n"
-                "SwapFree:       0 kB\n");
-  }
-  Config config(const std::string& extra = "") const {
-    return parse_config("backend:null,segment_size:64MiB,extent_min:1MiB,cap:8MiB,system_root:" + root_.path() +
-                        (extra.empty() ? "" : "," + extra));
-  }
-  FixtureRoot root_;
-};
+using testing::RuntimeTest;
 
 TEST_F(RuntimeTest, BuildsThePoolFromTheConfiguration) {
   Runtime rt(config("retain_free:0"));
@@ -108,7 +29,9 @@ TEST_F(RuntimeTest, BuildsThePoolFromTheConfiguration) {
   EXPECT_EQ(rt.pool().stats().committed_bytes.current, 0) << "retain_free:0 did not reach the pool";
   EXPECT_FALSE(rt.monitor_running());
   EXPECT_EQ(rt.balancer().config().cap, 8 * MiB);
+#if !defined(_WIN32)  // Windows reads its memory from the system, not from a system root
   EXPECT_EQ(rt.probe().read().available, 62914560ull * KiB);
+#endif
 }
 
 TEST_F(RuntimeTest, ConfigureAppliesCapAndRefusesPoolKeys) {
@@ -186,194 +109,6 @@ TEST_F(RuntimeTest, ConcurrentConfigureEndsConsistent) {
   EXPECT_FALSE(rt.monitor_running());
 }
 
-// Note [Fork safety]: a child of a process whose monitor runs reconfigures the
-// monitor (on, off, on, off) and exits 0; the parent's monitor goes on waking
-// and stops cleanly after the child exited. Before, the child's configure
-// wrote to the eventfd it shares with the parent (stopping the parent's
-// monitor for good) and then joined a thread that does not exist in it
-// (SIGABRT).
-TEST_F(RuntimeTest, ForkWithTheMonitorOn) {
-#ifdef PINS_TEST_TSAN
-  // In the child, glibc gives the new monitor thread the stack, and so the
-  // pthread id, of the parent's monitor thread, which does not exist there;
-  // ThreadSanitizer still lists it as running and aborts the child ("dup thread
-  // with used id", exit 66) whatever die_after_fork says. The plain and the
-  // ASan+UBSan runs of this test cover it.
-  GTEST_SKIP() << "ThreadSanitizer cannot follow a fork child that starts a thread in place of a parent's thread";
-#endif
-  Runtime rt(config("monitor:true,monitor_interval_ms:5"));
-  ASSERT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= 2; }));
-  const int status = in_fork_child([&] {
-    if (rt.monitor_running()) fail(2, "the parent's monitor counts as running in the child");
-    if (rt.monitor_status().wakeups != 0) fail(3, "the parent's monitor reports counters in the child");
-    rt.configure("monitor:true");  // on: the child's own monitor replaces the inherited one
-    if (!rt.monitor_running()) fail(4, "configure did not start the child's monitor");
-    if (!eventually([&] { return rt.monitor_status().wakeups >= 3; })) fail(5, "the child's monitor does not wake");
-    rt.configure("monitor:false");
-    if (rt.monitor_running()) fail(6, "monitor:false left a monitor");
-    rt.configure("monitor:true");
-    if (!eventually([&] { return rt.monitor_status().wakeups >= 3; })) fail(7, "the restarted monitor does not wake");
-    rt.configure("monitor:false");
-    void* p = rt.pool().allocate(4096);  // the runtime's other parts work in the child
-    rt.pool().free(p);
-    rt.pool().check_invariants();
-  });
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child " << describe(status);
-  const uint64_t w = rt.monitor_status().wakeups;
-  EXPECT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= w + 5; })) << "the parent's monitor stopped";
-  EXPECT_TRUE(rt.monitor_running());
-  EXPECT_EQ(rt.monitor_status().foreign_wakeups, 0u) << "the child woke the parent's monitor";
-  // A parent-side stop after the child exited, and a restart.
-  const auto t0 = std::chrono::steady_clock::now();
-  rt.configure("monitor:false");
-  EXPECT_FALSE(rt.monitor_running());
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
-  rt.configure("monitor:true");
-  EXPECT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= 2; }));
-}
-
-// A child that leaves the inherited monitor alone, and one whose runtime is
-// destroyed (as at the end of a scope): neither touches the parent's monitor.
-TEST_F(RuntimeTest, ForkChildThatDestroysTheRuntime) {
-  auto rt = std::make_unique<Runtime>(config("monitor:true,monitor_interval_ms:5"));
-  ASSERT_TRUE(eventually([&] { return rt->monitor_status().wakeups >= 2; }));
-  int status = in_fork_child([&] {
-    if (rt->monitor_running()) fail(2, "the parent's monitor counts as running in the child");
-  });
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child " << describe(status);
-  status = in_fork_child([&] { rt.reset(); });
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child " << describe(status);
-  const uint64_t w = rt->monitor_status().wakeups;
-  EXPECT_TRUE(eventually([&] { return rt->monitor_status().wakeups >= w + 5; })) << "the parent's monitor stopped";
-  EXPECT_EQ(rt->monitor_status().foreign_wakeups, 0u);
-  rt.reset();  // the parent's stop and join
-}
-
-Request pin_request(ModelId model, uint64_t id, uint64_t bytes) {
-  Request r;
-  r.model = model;
-  r.key = PinKey{id, 0, bytes};
-  r.bytes = bytes;
-  return r;
-}
-
-// What a fork child does with the balancer: every call takes its lock.
-void use_balancer(Runtime& rt) {
-  Balancer& bal = rt.balancer();
-  const ModelId m = bal.register_model("child", "cpu");
-  Lease l = bal.acquire(pin_request(m, 1, 4096));
-  if (l.needs_fill()) l.filled();
-  l = Lease();
-  if (!bal.acquire(pin_request(m, 1, 4096)).hit()) fail(20, "the child's balancer does not serve its pin");
-  (void)bal.stats();
-  bal.forget_model(m);
-}
-
-// A source guard that holds up the first alive() call once armed: alive() runs
-// under the balancer's lock, so the caller holds that lock meanwhile.
-class SlowGuard : public SourceGuard {
- public:
-  SlowGuard(std::atomic<bool>* armed, std::atomic<bool>* entered) : armed_(armed), entered_(entered) {}
-  bool alive() const override {
-    if (armed_->exchange(false)) {
-      *entered_ = true;
-      std::this_thread::sleep_for(300ms);
-    }
-    return true;
-  }
-
- private:
-  std::atomic<bool>* armed_;
-  std::atomic<bool>* entered_;
-};
-
-// Note [Fork safety]: a fork while another thread holds the balancer's lock.
-// The fork waits for it (the runtime's handlers take it), so the child gets it
-// free and its balancer works; before, the child inherited it held and hung.
-TEST_F(RuntimeTest, ForkWhileAThreadHoldsTheBalancerLock) {
-  Runtime rt(config("cap:0"));
-  Balancer& bal = rt.balancer();
-  const ModelId m = bal.register_model("m", "cpu");
-  std::atomic<bool> armed{false}, entered{false};
-  {
-    Lease l = bal.acquire(pin_request(m, 7, 4096), [&] { return std::make_unique<SlowGuard>(&armed, &entered); });
-    ASSERT_TRUE(l);
-    l.filled();
-  }
-  armed = true;
-  std::thread holder([&] { bal.sweep(); });  // asks the guard, under the balancer's lock
-  ASSERT_TRUE(eventually([&] { return entered.load(); }));
-  const int status = in_fork_child([&] { use_balancer(rt); }, /*alarm_s=*/5);
-  holder.join();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "the child " << describe(status) << " (SIGALRM is 14: the balancer's lock copied held)";
-  EXPECT_TRUE(bal.acquire(pin_request(m, 7, 4096)).hit()) << "the parent's balancer after the fork";
-}
-
-// Note [Fork safety]: forks while other threads allocate, free and configure.
-// Each child uses the pool and configure() at once; a lock copied held by a
-// thread that does not exist in the child would hang it (the alarm fails it).
-TEST_F(RuntimeTest, ForkWhileOtherThreadsHoldTheLocks) {
-  Runtime rt(config("cap:0,retain_free:0"));
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 2; ++t) {
-    threads.emplace_back([&, t] {
-      uint64_t i = 0;
-      while (!stop) {
-        void* p = rt.pool().try_allocate(4096 + (i++ % 64) * 8192, t == 0);
-        if (p != nullptr) rt.pool().free(p);  // retain_free:0: commits and decommits too
-      }
-    });
-  }
-  threads.emplace_back([&] {
-    for (uint64_t i = 0; !stop; ++i) rt.configure(i % 2 ? "headroom:1G" : "headroom:2G");
-  });
-  const ModelId model = rt.balancer().register_model("m", "cpu");
-  threads.emplace_back([&] {  // the balancer's lock, and the pool's under it
-    for (uint64_t i = 0; !stop; ++i) {
-      Lease l = rt.balancer().acquire(pin_request(model, i % 16, 4096));
-      if (l.needs_fill()) l.filled();  // the null backend's memory is never touched
-      if (i % 8 == 0) rt.balancer().free(8192);
-    }
-  });
-#ifdef PINS_TEST_TSAN
-  // Under ThreadSanitizer only, in two CI runs (after `make test` on the 2-core
-  // VM), the first child of this test was still running at its 3 s alarm;
-  // about 60 runs of the same binary outside CI, loaded or not, never were. A
-  // child's fork is ThreadSanitizer's heaviest path (see ForkWithTheMonitorOn),
-  // so here a child gets 60 s, and one that the alarm still stops is reported
-  // and skipped rather than failed: the plain and the ASan+UBSan runs of this
-  // test hold the 3 s alarm, and a child that exits wrongly fails here too.
-  const unsigned alarm_s = 60;
-#else
-  const unsigned alarm_s = 3;
-#endif
-  int children = 0;
-  std::string failed;
-  int status = 0;
-  for (; children < 40 && failed.empty(); ++children) {
-    status = in_fork_child(
-        [&] {
-          void* p = rt.pool().try_allocate(4096);
-          if (p != nullptr) rt.pool().free(p);
-          rt.configure("headroom:3G");
-          use_balancer(rt);
-          rt.pool().check_invariants();
-        },
-        alarm_s);
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed = describe(status);
-  }
-  stop = true;
-  for (auto& th : threads) th.join();
-#ifdef PINS_TEST_TSAN
-  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
-    GTEST_SKIP() << "under ThreadSanitizer, child " << children << " of 40 was still running after " << alarm_s
-                 << " s (see the comment above)";
-#endif
-  EXPECT_EQ(failed, "") << "child " << children << " of 40 (SIGALRM is 14: a lock copied held)";
-}
-
 // The process-wide instance in a fresh process (it lives for the whole process,
 // so the parent may have built it already): a bad PINS_CONF throws and the next
 // call tries again; once built, PINS_CONF is not read again.
@@ -382,17 +117,17 @@ TEST_F(RuntimeTest, ForkWhileOtherThreadsHoldTheLocks) {
     std::fprintf(stderr, "runtime-get-failed: %s\n", why);
     std::_Exit(1);
   };
-  ::setenv("PINS_CONF", "backend:floppy", 1);
+  testing::set_env("PINS_CONF", "backend:floppy");
   try {
     Runtime::get();
     fail("a bad PINS_CONF was accepted");
   } catch (const ValueError& e) {
     if (std::string(e.what()).find("floppy") == std::string::npos) fail(e.what());
   }
-  ::setenv("PINS_CONF", "backend:null", 1);
+  testing::set_env("PINS_CONF", "backend:null");
   Runtime& rt = Runtime::get();
   if (std::string(rt.pool().stats().backend) != "null") fail("the retry did not use the new PINS_CONF");
-  ::setenv("PINS_CONF", "backend:cpu", 1);
+  testing::set_env("PINS_CONF", "backend:cpu");
   if (&Runtime::get() != &rt) fail("PINS_CONF was parsed twice");
   std::fprintf(stderr, "runtime-get-ok\n");
   std::exit(0);

@@ -3,13 +3,12 @@
 #include "csrc/safetensors/header.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "csrc/base/check.h"
+#include "tests/csrc/files/temp_file.h"
 
 namespace pins::safetensors {
 namespace {
@@ -197,30 +196,24 @@ TEST(SafetensorsHeader, AHeaderNotAllReadIsTruncatedNotReadPastItsEnd) {
 }
 
 TEST(SafetensorsHeader, ReadHeaderReadsOnlyTheHeaderAndNamesThePath) {
-  char path[] = "/tmp/pins_header_testXXXXXX";
-  const int fd = ::mkstemp(path);
-  ASSERT_GE(fd, 0);
-  ::close(fd);
+  const pins::testing::TempFile file(0, 0, "pins_header_test");
+  const std::string& path = file.path;
   const std::string json = R"({"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]}})";
-  {
-    std::ofstream(path, std::ios::binary) << file_bytes(json, 6);
-  }
+  file.write(file_bytes(json, 6));
   const Header h = read_header(path);
   ASSERT_EQ(h.tensors.size(), 1u);
   EXPECT_EQ(h.tensors[0].dtype, Dtype::BF16);
   EXPECT_EQ(h.file_size, 8 + json.size() + 6);
-  {
-    std::ofstream(path, std::ios::binary) << file_bytes(json, 0, 1u << 20);  // length past the end
-  }
+  file.write(file_bytes(json, 0, 1u << 20));  // length past the end
   try {
     read_header(path);
     ADD_FAILURE() << "no error";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find(std::string(path) + ": header length 1048576 runs past the end"),
+    EXPECT_NE(std::string(e.what()).find(path + ": header length 1048576 runs past the end"),
               std::string::npos)
         << e.what();
   }
-  std::remove(path);
+  std::remove(path.c_str());
   EXPECT_THROW(read_header(path), ResourceError);
 }
 

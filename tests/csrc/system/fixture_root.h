@@ -2,10 +2,9 @@
 // with the object. For the tests of code that reads /proc and /sys.
 #pragma once
 
-#include <stdlib.h>
-
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -14,10 +13,16 @@ namespace pins::testing {
 
 class FixtureRoot {
  public:
+  // A directory no one else has, as mkdtemp makes (which Windows lacks):
+  // create_directory says false for a name already taken.
   FixtureRoot() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "pins_fixture_XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + tmpl);
-    dir_ = tmpl;
+    const std::filesystem::path tmp = std::filesystem::temp_directory_path();
+    std::random_device random;
+    for (int i = 0; i < 100; ++i) {
+      dir_ = tmp / ("pins_fixture_" + std::to_string(random()));
+      if (std::filesystem::create_directory(dir_)) return;
+    }
+    throw std::runtime_error("no fresh fixture directory in " + tmp.string());
   }
   ~FixtureRoot() {
     std::error_code ec;

@@ -1,4 +1,5 @@
-// The cpu backend: mmap, madvise, and mlock when asked.
+// The cpu backend on Linux: mmap, madvise, and mlock when asked (the Windows
+// one is backend_cpu_win.cpp).
 #include "csrc/pool/backend_cpu.h"
 
 #include <sys/mman.h>
@@ -17,10 +18,10 @@
 
 namespace pins {
 
-MmapBackend::MmapBackend(bool use_mlock)
+CpuBackend::CpuBackend(bool use_mlock)
     : page_(static_cast<size_t>(sysconf(_SC_PAGESIZE))), mlock_(use_mlock) {}
 
-int MmapBackend::reserve(size_t size, void** addr) {
+int CpuBackend::reserve(size_t size, void** addr) {
   // NORESERVE: address space only; pages are charged when commit() touches them.
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return errno;
@@ -28,7 +29,7 @@ int MmapBackend::reserve(size_t size, void** addr) {
   return 0;
 }
 
-int MmapBackend::release(void* addr, size_t size) { return munmap(addr, size) == 0 ? 0 : errno; }
+int CpuBackend::release(void* addr, size_t size) { return munmap(addr, size) == 0 ? 0 : errno; }
 
 namespace {
 
@@ -65,7 +66,7 @@ int populate(void* addr, size_t size, size_t page) {
 
 }  // namespace
 
-int MmapBackend::commit(void* addr, size_t size) {
+int CpuBackend::commit(void* addr, size_t size) {
   // Populate now so a committed range is real RAM (and fails here, not on first use).
   static std::atomic<bool> populate_works{true};
   if (populate_works.load(std::memory_order_relaxed)) {
@@ -79,20 +80,20 @@ int MmapBackend::commit(void* addr, size_t size) {
   return 0;
 }
 
-int MmapBackend::decommit(void* addr, size_t size) {
+int CpuBackend::decommit(void* addr, size_t size) {
   return madvise(addr, size, MADV_DONTNEED) == 0 ? 0 : errno;
 }
 
-int MmapBackend::lock(void* addr, size_t size) {
+int CpuBackend::lock(void* addr, size_t size) {
   if (!mlock_) return ENOTSUP;
   return mlock(addr, size) == 0 ? 0 : errno;
 }
 
-int MmapBackend::unlock(void* addr, size_t size) {
+int CpuBackend::unlock(void* addr, size_t size) {
   if (!mlock_) return ENOTSUP;
   return munlock(addr, size) == 0 ? 0 : errno;
 }
 
-std::unique_ptr<HostBackend> make_cpu_backend(bool use_mlock) { return std::make_unique<MmapBackend>(use_mlock); }
+std::unique_ptr<HostBackend> make_cpu_backend(bool use_mlock) { return std::make_unique<CpuBackend>(use_mlock); }
 
 }  // namespace pins
