@@ -25,6 +25,8 @@ std::atomic<uint64_t> g_fills{0}, g_bytes{0}, g_direct{0}, g_written{0}, g_mappe
 
 }  // namespace
 
+MappedFile::MappedFile() { g_mapped.fetch_add(1, std::memory_order_relaxed); }
+
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   std::shared_ptr<MappedFile> f(new MappedFile);
   f->path_ = path;
@@ -39,7 +41,6 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
     std::lock_guard<std::mutex> g(r.mu);
     r.by_base[reinterpret_cast<uintptr_t>(f->base_)] = f;
   }
-  g_mapped.fetch_add(1, std::memory_order_relaxed);
   return f;
 }
 

@@ -94,7 +94,9 @@ class MappedFile {
   const std::shared_ptr<FileWatch>& watch() const { return watch_; }
 
  private:
-  MappedFile() = default;
+  // Counted in file_fill_stats().mapped_files from here to the destructor, so
+  // an open that throws halfway leaves the count as it found it.
+  MappedFile();
   std::string path_;
   FileHandle file_ = kNoFile;
   FileHandle direct_ = kNoFile;

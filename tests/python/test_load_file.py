@@ -119,6 +119,14 @@ def test_the_mapping_lives_as_long_as_a_tensor(pins, weights):
     assert pins.stats()["mapped_files"] == start
 
 
+def test_a_load_that_fails_leaves_the_mapped_count_as_it_was(pins, tmp_path):
+    start = pins.stats()["mapped_files"]
+    for path in (str(tmp_path / "missing.safetensors"), str(tmp_path)):
+        with pytest.raises((RuntimeError, ValueError)):
+            pins.load_file(path)
+        assert pins.stats()["mapped_files"] == start, path
+
+
 def test_torchscript_calls_the_op(pins, weights):
     path, tensors = weights
 

@@ -124,6 +124,22 @@ TEST(FileReads, AShortFileNamesItsRealEndWhicheverThreadFailsFirst) {
   close_file(fd);
 }
 
+TEST(MappedFiles, AnOpenThatFailsLeavesTheMappedCountAsItWas) {
+  // A missing path and a directory, both refused after the MappedFile that
+  // would hold them was made (it used to be uncounted without being counted).
+  const uint64_t before = file_fill_stats().mapped_files;
+  TempFile f(4096, 1);
+  for (const std::string& path : {f.path + ".missing", std::string("/")}) {
+    EXPECT_ANY_THROW(MappedFile::open(path)) << path;
+    EXPECT_EQ(file_fill_stats().mapped_files, before) << path;
+  }
+  {
+    auto m = MappedFile::open(f.path);
+    EXPECT_EQ(file_fill_stats().mapped_files, before + 1);
+  }
+  EXPECT_EQ(file_fill_stats().mapped_files, before);
+}
+
 TEST(MappedFiles, FindsRangesOnlyInsideALiveMapping) {
   TempFile f(3 * 4096 + 100, 3);
   FileRange r;
