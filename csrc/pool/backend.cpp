@@ -6,17 +6,6 @@
 namespace pins {
 namespace {
 
-#if defined(PINS_WITH_CUDA)
-constexpr bool kBuiltWithCuda = true;
-#else
-constexpr bool kBuiltWithCuda = false;
-#endif
-#if defined(PINS_WITH_HIP)
-constexpr bool kBuiltWithHip = true;
-#else
-constexpr bool kBuiltWithHip = false;
-#endif
-
 // A device backend the configuration names: when it is absent, the error says
 // whether this build lacks the runtime or this machine lacks the device.
 std::unique_ptr<HostBackend> required(std::unique_ptr<HostBackend> b, const char* name, const char* runtime,

@@ -54,6 +54,20 @@ std::unique_ptr<HostBackend> make_cpu_backend(bool use_mlock);
 // (backend_null.cpp)
 std::unique_ptr<HostBackend> make_null_backend();
 
+// Whether this build has the CUDA and the HIP runtime (PINS_WITH_CUDA and
+// PINS_WITH_HIP, public definitions of pins_core): an absent device backend is
+// then a missing device, not a missing build.
+#if defined(PINS_WITH_CUDA)
+inline constexpr bool kBuiltWithCuda = true;
+#else
+inline constexpr bool kBuiltWithCuda = false;
+#endif
+#if defined(PINS_WITH_HIP)
+inline constexpr bool kBuiltWithHip = true;
+#else
+inline constexpr bool kBuiltWithHip = false;
+#endif
+
 // cudaHostRegister on the cpu backend's memory. nullptr when pins was built without
 // CUDA or no CUDA device is present. (backend_cuda.cpp)
 std::unique_ptr<HostBackend> make_cuda_backend();

@@ -22,17 +22,6 @@
 namespace pins {
 namespace {
 
-#if defined(PINS_WITH_CUDA)
-constexpr bool kBuiltWithCuda = true;
-#else
-constexpr bool kBuiltWithCuda = false;
-#endif
-#if defined(PINS_WITH_HIP)
-constexpr bool kBuiltWithHip = true;
-#else
-constexpr bool kBuiltWithHip = false;
-#endif
-
 struct BackendCase {
   std::string name;
   std::function<std::unique_ptr<HostBackend>()> make;
