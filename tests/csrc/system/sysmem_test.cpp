@@ -1,4 +1,6 @@
-// pin_ceiling (sysmem.cpp), the same on every system.
+// pin_ceiling (sysmem.cpp), the same on every system, and the probe's reading
+// of this machine (/proc and the cgroups on Linux, GlobalMemoryStatusEx and the
+// job object on Windows).
 #include "csrc/system/sysmem.h"
 
 #include <gtest/gtest.h>
@@ -66,6 +68,17 @@ TEST(PinCeiling, FollowsTheConfig) {
   c.ceiling_max = 1.0;
   c.ceiling_reserve = 0;
   EXPECT_EQ(pin_ceiling(ram(16 * GiB, 0), c), 16 * GiB);  // never above R
+}
+
+TEST(SystemMemoryProbe, ThisMachineIsConsistent) {
+  const MemoryInfo m = SystemMemoryProbe().read();
+  EXPECT_GT(m.total, 0u);
+  EXPECT_GT(m.available, 0u);
+  EXPECT_LE(m.available, m.total);
+  EXPECT_LE(m.swap_free, m.swap_total);
+  const uint64_t ceiling = pin_ceiling(m, Config{});
+  EXPECT_GT(ceiling, 0u);
+  EXPECT_LE(ceiling, m.total);
 }
 
 }  // namespace
