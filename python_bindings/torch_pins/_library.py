@@ -77,10 +77,11 @@ def _unsupported() -> str:
 
 def library_path() -> str:
     """The libpins.so this package loads: the first of :func:`candidates` that exists."""
-    for path in candidates():
+    looked = candidates()
+    for path in looked:
         if os.path.isfile(path):
             return path
-    raise ImportError(_unsupported() + " Looked at " + ", ".join(candidates()) + ".")
+    raise ImportError(_unsupported() + " Looked at " + ", ".join(looked) + ".")
 
 
 def built_against(path: str) -> Optional[str]:

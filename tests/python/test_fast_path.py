@@ -18,8 +18,7 @@ import torch_pins  # noqa: F401 (loads the library, so the op below resolves)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The package's build for this torch's release (Note [One package, several torch releases]).
-PACKAGE_LIB = os.path.join(ROOT, "python_bindings", "torch_pins", "_lib",
-                           "torch-" + ".".join(torch.__version__.split("+")[0].split(".")[:2]))
+PACKAGE_LIB = torch_pins._library.release_dir(torch.__version__)
 CPU = torch.device("cpu")
 OP = torch.ops.pins.cast_to_device.default
 

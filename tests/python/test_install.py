@@ -29,13 +29,15 @@ import time
 import zipfile
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.dirname(os.path.abspath(__file__))  # torchscript_caster.py, scripted in the venv
 WORK = os.path.abspath(os.environ.get("PINS_INSTALL_CHECK_DIR", os.path.join(ROOT, "build", "install-check")))
 SRC = os.path.join(WORK, "src")
 # One venv per torch release: the wheel is built for, and installed into, the torch running the tests.
-VENV = os.path.join(WORK, "venv-torch-" + ".".join(__import__("torch").__version__.split("+")[0].split(".")[:2]))
+RELEASE = ".".join(torch.__version__.split("+", 1)[0].split(".")[:2])  # MAJOR.MINOR of the torch running the tests
+VENV = os.path.join(WORK, "venv-torch-" + RELEASE)
 VENV_PY = os.path.join(VENV, "bin", "python")
 TIMES = []  # (step, seconds), printed in failure messages and by -s
 
@@ -112,15 +114,12 @@ def venv_site():
 
 
 def torch_release_of_this_python():
-    import torch
-
     return torch.__version__.split("+", 1)[0]
 
 
 def venv_release_lib():
     """Where the venv's wheel keeps the build for this torch's release."""
-    return os.path.join(venv_site(), "torch_pins", "_lib",
-                        "torch-" + ".".join(torch_release_of_this_python().split(".")[:2]))
+    return os.path.join(venv_site(), "torch_pins", "_lib", "torch-" + RELEASE)
 
 
 def make_venv():
@@ -222,7 +221,7 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
     z = zipfile.ZipFile(installed["wheel"])
     names = z.namelist()
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
-    lib = "torch_pins/_lib/torch-" + ".".join(torch_release_of_this_python().split(".")[:2])
+    lib = "torch_pins/_lib/torch-" + RELEASE
     extension = lib + "/_C" + sysconfig.get_config_var("EXT_SUFFIX")  # the venv's Python is this one
     for want in ["torch_pins/__init__.py", "torch_pins/__main__.py", "torch_pins/_fake.py", "torch_pins/_version.py",
                  "torch_pins/py.typed", lib + "/libpins.so", lib + "/libpins.so.torch", extension,
@@ -231,8 +230,7 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
     # The demo and its replay tooling are the source tree's (profiling/demo), not the runtime package's.
     assert not [n for n in names if n.startswith("torch_pins/") and ("demo" in n or "replay" in n)], names
     meta = z.read(f"{info}/METADATA").decode()
-    release = ".".join(torch_release_of_this_python().split(".")[:2])
-    assert f"Requires-Dist: torch=={release}.*" in meta, meta
+    assert f"Requires-Dist: torch=={RELEASE}.*" in meta, meta
     assert "License-Expression: BSD-3-Clause" in meta, meta
     from torch_pins._version import __version__
 

@@ -14,7 +14,7 @@ from torch_pins import _library
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "python_bindings")
-RELEASE = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+RELEASE = _library.release(torch.__version__)
 
 
 def test_the_library_loaded_is_the_build_for_this_torchs_release():
