@@ -130,9 +130,11 @@ class Balancer {
   // ---- budget (DESIGN.md "Budget", budget.h; freeing.cpp)
   // Frees at least `bytes`: pins of dead sources the next kReclaimPerDecision
   // slots of the ring hold first, then along tiers 1-4 (and 5 when
-  // evict_active); returns the bytes of pins freed. Short of pins, it
-  // decommits the pool's idle extents too, up to the rest of `bytes`.
-  size_t free(size_t bytes, bool evict_active = false) PINS_EXCLUDES(mu_);
+  // evict_active; only 1-3 when `loaded`: what a new cache pin may take, so
+  // the prompt's streaming pins stay whatever evict_active says); returns the
+  // bytes of pins freed. Short of pins, it decommits the pool's idle extents
+  // too, up to the rest of `bytes`.
+  size_t free(size_t bytes, bool evict_active = false, bool loaded = false) PINS_EXCLUDES(mu_);
   // The RAM-pressure check: frees (headroom - available) + relieve_slack when positive.
   size_t relieve() PINS_EXCLUDES(mu_);
   // Drops pins whose source died, checking every pin (O(pins)); returns their bytes.

@@ -44,7 +44,7 @@ namespace pins {
 
 // The last tier a freeing may take pins from.
 enum class Reach : int {
-  SparePromptStreaming = 3,  // tiers 1-3: room for a new cache (-loaded) pin
+  SparePromptStreaming = 3,  // tiers 1-3: room for a new cache (-loaded) pin, free() with `loaded`
   SpareActive = 4,           // tiers 1-4: room for a new streaming pin, relieve(), free(), page-lock drops
   All = 5,                   // tiers 1-5: free() with evict_active
 };

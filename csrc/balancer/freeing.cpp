@@ -151,9 +151,9 @@ size_t Balancer::free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line)
   return freed;
 }
 
-size_t Balancer::free(size_t bytes, bool evict_active) {
-  const size_t freed =
-      free_along_tiers(bytes, evict_active ? Reach::All : Reach::SpareActive, config().headroom);
+size_t Balancer::free(size_t bytes, bool evict_active, bool loaded) {
+  const Reach reach = loaded ? Reach::SparePromptStreaming : evict_active ? Reach::All : Reach::SpareActive;
+  const size_t freed = free_along_tiers(bytes, reach, config().headroom);
   // An explicit request for RAM: short of pins to evict, the pool's idle
   // committed memory goes back too, up to what was asked.
   if (freed < bytes) {

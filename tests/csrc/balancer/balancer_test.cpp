@@ -167,6 +167,23 @@ TEST(BalancerTiers, ActiveStreamingPinsOnlyWhenAllowed) {
   EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).evictions[4], 1);
 }
 
+// free(loaded): ComfyUI's free_pins(loaded=True), room for a cache pin: tiers
+// 1-3 only, so the prompt's streaming pins stay even when evict_active says more.
+TEST(BalancerTiers, LoadedFreeSparesThePromptsStreamingPins) {
+  Fixture f(4);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  const ModelId out = f.bal.register_model("out", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(out, 1)));
+  f.bal.mark_prompt({m});
+  ASSERT_TRUE(f.cast(f.req(m, 2)));
+  ASSERT_TRUE(f.cast(f.req(m, 3, Kind::Weights, true)));
+  EXPECT_EQ(f.bal.free(3 * U, true, true), 2 * U) << "tier 1 (out's) and tier 3 (m's cache pin), not tier 4";
+  EXPECT_EQ(f.count(out, Subset::Weights), 0);
+  EXPECT_EQ(f.count(m, Subset::WeightsLoaded), 0);
+  EXPECT_EQ(f.count(m, Subset::Weights), 1);
+  EXPECT_EQ(f.bal.free(U, false, false), U) << "without `loaded`, tier 4 goes";
+}
+
 // Three models out of the prompt, loaded x, y, z: mru frees z first, lru x first.
 TEST(BalancerPolicy, MruAgainstLruOrder) {
   for (PolicyKind policy : {PolicyKind::Mru, PolicyKind::Lru}) {
