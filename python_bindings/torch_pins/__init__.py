@@ -49,7 +49,7 @@ __all__ = [
     "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "end_node", "prompt",
     "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "load_file", "stats",
     "Stats",
-    "summary", "configure", "library_path", "__version__",
+    "summary", "configure", "config", "library_path", "__version__",
 ]
 
 library_path = _library.library_path
@@ -248,12 +248,14 @@ def invalidate_model(model: int) -> int:
     return _ops.invalidate_model(model)
 
 
-def free_pins(bytes: int, evict_active: bool = False) -> int:
+def free_pins(bytes: int, evict_active: bool = False, loaded: bool = False) -> int:
     """Frees at least ``bytes`` of pins along the eviction tiers (active models'
-    streaming pins only with ``evict_active``); returns the bytes of pins freed.
+    streaming pins only with ``evict_active``; with ``loaded``, only the tiers a
+    new cache pin may take: no streaming pin of a model in the prompt, as
+    ComfyUI's ``free_pins(loaded=True)``); returns the bytes of pins freed.
     Short of pins to evict, the pool's idle committed memory goes back too, up
     to ``bytes``. A negative ``bytes`` raises ``ValueError``."""
-    return _ops.free_pins(bytes, evict_active)
+    return _ops.free_pins(bytes, evict_active, loaded)
 
 
 class Stats(dict):
@@ -304,3 +306,10 @@ def configure(conf: str = "", **keys) -> None:
             v = "true" if v else "false"
         parts.append(f"{k}:{v}")
     _ops.configure(",".join(parts))
+
+
+def config() -> Dict[str, str]:
+    """The settings in force (PINS_CONF, then :func:`configure`), every key with
+    its value as PINS_CONF writes it (sizes in bytes):
+    ``pins.config()["policy"] == "mru"``."""
+    return dict(part.split(":", 1) for part in _ops.config().split(",") if part)

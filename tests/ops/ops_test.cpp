@@ -52,6 +52,7 @@ const std::set<std::string> kOps = {
     "stats",
     "summary",
     "configure",
+    "config",
 };
 
 TEST(PinsOps, EveryOpIsRegisteredOnce) {
@@ -86,6 +87,7 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_NO_THROW(handle("pins::free_pins").typed<decltype(pins::ops::free_pins)>());
   EXPECT_NO_THROW(handle("pins::stats").typed<decltype(pins::ops::stats)>());
   EXPECT_NO_THROW(handle("pins::configure").typed<decltype(pins::ops::configure)>());
+  EXPECT_NO_THROW(handle("pins::config").typed<decltype(pins::ops::config)>());
   // The schema's defaults are the header's defaults.
   const c10::FunctionSchema& cast = handle("pins::cast_to_device").schema();
   ASSERT_EQ(cast.arguments().size(), 8u);
@@ -174,10 +176,20 @@ TEST(PinsOps, ConfigureReachesItsKernel) {
   pins::ops::cast_to_device(at::randn({256}), kCpu, std::nullopt, false, m, "weights", /*resident=*/true);
   EXPECT_EQ(stat(model_key(m, "weights-loaded.pins")), 0);
   EXPECT_EQ(stat(model_key(m, "weights.pins")), 1);
+  EXPECT_NE(pins::ops::config().find("fast_disk:true"), std::string::npos) << pins::ops::config();
   pins::ops::configure("fast_disk:false");
+  EXPECT_NE(pins::ops::config().find("fast_disk:false"), std::string::npos) << pins::ops::config();
   pins::ops::cast_to_device(at::randn({256}), kCpu, std::nullopt, false, m, "weights", /*resident=*/true);
   EXPECT_EQ(stat(model_key(m, "weights-loaded.pins")), 1);
   pins::ops::forget_model(m);
+}
+
+TEST(PinsOps, ConfigReadsBackThroughConfigure) {
+  const std::string before = pins::ops::config();
+  pins::ops::configure(before);  // every key, pool keys unchanged: accepted
+  EXPECT_EQ(pins::ops::config(), before);
+  EXPECT_NE(before.find("policy:"), std::string::npos) << before;
+  EXPECT_NE(before.find("headroom:"), std::string::npos) << before;
 }
 
 TEST(PinsOps, ErrorsNameTheArgument) {

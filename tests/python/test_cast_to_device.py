@@ -206,6 +206,33 @@ def test_free_pins_returns_bytes_freed(pins, model):
     assert subset_pins(pins, model, "weights") == 2
 
 
+def test_free_pins_loaded_spares_the_prompts_streaming_pins(pins, model):
+    # ComfyUI's free_pins(loaded=True): room for a cache pin, never the prompt's streaming pins.
+    streaming, cached = torch.randn(1 << 12), torch.randn(1 << 12)
+    pins.mark_prompt([model])
+    try:
+        pins.cast_to_device(streaming, "cpu", model=model)
+        pins.cast_to_device(cached, "cpu", model=model, resident=True)
+        assert pins.free_pins(1 << 30, evict_active=True, loaded=True) == (1 << 12) * 4
+        assert subset_pins(pins, model, "weights-loaded") == 0
+        assert subset_pins(pins, model, "weights") == 1
+        assert pins.free_pins(1 << 30) == (1 << 12) * 4
+    finally:
+        pins.end_prompt()
+
+
+def test_config_reads_the_settings_in_force(pins):
+    before = pins.config()
+    assert before["policy"] in ("mru", "lru", "trace", "reuse") and int(before["headroom"]) > 0
+    pins.configure(headroom=before["headroom"])  # a size in bytes reads back
+    pins.configure("fast_disk:true")
+    try:
+        assert pins.config()["fast_disk"] == "true"
+    finally:
+        pins.configure(fast_disk=before["fast_disk"])
+    assert pins.config() == before
+
+
 def test_forget_model_frees_its_pins(pins):
     m = pins.register_model("short-lived", "cpu")
     w = torch.randn(1 << 12)

@@ -4,7 +4,8 @@ import torch
 
 # Every op of the pins namespace has an opcheck below.
 CHECKED = {"cast_to_device", "cast_many_to_device", "register_model", "forget_model", "set_active", "mark_prompt",
-           "end_prompt", "end_node", "invalidate", "invalidate_model", "load_file", "free_pins", "stats", "summary", "configure"}
+           "end_prompt", "end_node", "invalidate", "invalidate_model", "load_file", "free_pins", "stats", "summary", "configure",
+           "config"}
 # Overloads besides "default": cast_to_device's out= variant.
 OVERLOADS = {"cast_to_device": ["default", "out"]}
 # torch.compile functionalizes a custom out= op from the release that tags it
@@ -113,14 +114,16 @@ def test_opcheck_invalidate(pins, model):
     ("stats", ()),
     ("summary", ()),
     ("configure", ("fast_disk:false",)),
+    ("config", ()),
 ])
 def test_opcheck_control_ops(pins, model, name, args):
     if args is None:
         args = {"set_active": (model, False), "mark_prompt": ([model],), "invalidate_model": (model,)}[name]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    if name in ("register_model", "stats", "summary"):
+    if name in ("register_model", "stats", "summary", "config"):
         # Each call returns a new id / the counters of that moment, so eager and
-        # traced runs cannot agree; the other checks still apply.
+        # traced runs cannot agree (and config's string, like summary's, is no
+        # tensor the traced run can compare); the other checks still apply.
         utils = utils[:3]
     torch.library.opcheck(getattr(torch.ops.pins, name).default, args, test_utils=utils)
     pins.end_prompt()

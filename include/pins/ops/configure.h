@@ -3,6 +3,8 @@
 
 #include <c10/util/string_view.h>
 
+#include <string>
+
 #include <pins/export.h>
 
 namespace pins::ops {
@@ -12,5 +14,10 @@ namespace pins::ops {
 // pool exists is a c10::ValueError naming it, and nothing is applied. A monitor
 // that cannot start is a c10::Error, after the rest was applied.
 PINS_API void configure(c10::string_view conf);
+
+// The settings in force, in PINS_CONF syntax: every key, in the order of the
+// key list (csrc/config/config.h), sizes in bytes. configure(config()) changes
+// nothing.
+PINS_API std::string config();
 
 }  // namespace pins::ops
