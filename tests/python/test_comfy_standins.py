@@ -6,6 +6,7 @@ integration against a real ComfyUI when COMFYUI_PATH is set.
 The stand-ins have ComfyUI's function names and call shapes, and behaviour just
 large enough to check results against: they are not ComfyUI's code."""
 import asyncio
+import contextlib
 import gc
 import logging
 import sys
@@ -245,10 +246,14 @@ def test_enable_then_disable_restores_every_original(comfy_env):
     }
     patcher_init = vars(m["comfy.model_patcher"].ModelPatcher)["__init__"]
     execute_async = vars(m["execution"].PromptExecutor)["execute_async"]
-    assert comfy_env.integration.enable() is True
-    assert comfy_env.integration.enable() is True  # again: nothing changes
+    first = comfy_env.integration.enable()
+    assert first and first.active and first.mode == "old-loader"
+    hooked = {name: getattr(m[module], name) for module, name in originals}
+    again = comfy_env.integration.enable()  # again: nothing changes, the same report
+    assert again == first and again.active
     for (module, name), original in originals.items():
         assert getattr(m[module], name) is not original, f"{module}.{name} not hooked"
+        assert getattr(m[module], name) is hooked[name], f"{module}.{name} hooked twice"
     assert m["comfy.model_patcher"].ModelPatcher.__init__ is not patcher_init
     comfy_env.integration.disable()
     for (module, name), original in originals.items():
@@ -273,22 +278,24 @@ def test_an_inherited_method_is_hooked_on_the_class_and_unhooked_by_deletion(com
 def test_env_var_switches_it_off(comfy_env, monkeypatch):
     monkeypatch.setenv(comfy_env.integration.ENV_VAR, "0")
     original = comfy_env.m["comfy.ops"].cast_bias_weight
-    assert comfy_env.integration.enable() is False
+    hooks = comfy_env.integration.enable()
+    assert not hooks and len(hooks) == 0
     assert comfy_env.m["comfy.ops"].cast_bias_weight is original
     assert not comfy_env.integration.is_enabled()
     with comfy_env.integration.enabled() as on:
-        assert on is False
+        assert not on
 
 
 def test_context_manager_enables_for_the_block(comfy_env):
     original = comfy_env.m["comfy.ops"].cast_bias_weight
     with comfy_env.integration.enabled(cpu_targets=True) as on:
-        assert on is True
+        assert on and "comfy.ops.cast_bias_weight" in on
         assert comfy_env.m["comfy.ops"].cast_bias_weight is not original
     assert comfy_env.m["comfy.ops"].cast_bias_weight is original
 
 
-def test_a_missing_hook_point_is_reported_once_not_fatal(monkeypatch, pins, caplog):
+def test_a_missing_hook_point_is_reported_and_without_the_cast_path_pins_says_it_is_inactive(monkeypatch, pins,
+                                                                                              caplog):
     import torch_pins.comfy as integration
 
     modules = _stand_in_comfy(with_executor=False, with_ram_points=False)
@@ -296,15 +303,23 @@ def test_a_missing_hook_point_is_reported_once_not_fatal(monkeypatch, pins, capl
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.delitem(sys.modules, "execution", raising=False)
-    with caplog.at_level(logging.WARNING, logger="torch_pins.comfy"):
+    monkeypatch.delenv(integration.ENV_VAR, raising=False)
+    with caplog.at_level(logging.INFO, logger="torch_pins.comfy"):
         try:
-            assert integration.enable() is True
-            missing = integration.stats()["missing"]
+            hooks = integration.enable()
+            missing = integration.stats().get("missing")
         finally:
             integration.disable()
-    assert "comfy.ops.cast_bias_weight" in missing
-    assert "comfy.model_management.free_memory" in missing
-    assert "execution.execute" in missing
+    assert not hooks and not hooks.active and len(hooks) == 0, "inactive: no hook is left in"
+    assert not integration.is_enabled() and missing is None
+    assert "cast_bias_weight" in hooks.reason
+    assert "comfy.ops.cast_bias_weight" in hooks.missing
+    assert "comfy.model_management.free_memory" in hooks.missing
+    missing = hooks.missing
+    assert hooks.awaited == ("execution",), "not imported yet: awaited, not missing"
+    assert "execution.execute" not in missing
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and "INACTIVE" in r.getMessage()]
+    assert len(loud) == 1 and "cast_bias_weight" in loud[0].getMessage()
     assert len([r for r in caplog.records if "lacks" in r.getMessage()]) == 1
 
 
@@ -574,3 +589,343 @@ def test_a_quantized_wrapper_weight_is_cast_as_itself(comfy_env):
     assert all(type(w) is ScaledInt8 for w in wrapper_casts) and len(wrapper_casts) == 3
     assert after[f"model.{model}.misses"] - before.get(f"model.{model}.misses", 0) == 2  # l1, and l2's payload+scale
     assert after[f"model.{model}.hits"] - before.get(f"model.{model}.hits", 0) == 4
+
+
+# --- enable(): arrival, idempotence, failures, the INFO line (issue 23, audit 1-3, 7) ---
+
+def test_hooks_of_a_module_imported_after_enable_go_in_when_it_arrives(monkeypatch, pins, tmp_path):
+    import torch_pins.comfy as integration
+
+    modules = _stand_in_comfy(with_executor=False)
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "execution", raising=False)
+    monkeypatch.delenv(integration.ENV_VAR, raising=False)
+    (tmp_path / "execution.py").write_text(
+        "log = []\n"
+        "def execute(server, prompt, node_id):\n    log.append(node_id)\n"
+        "class PromptExecutor:\n"
+        "    def execute(self, prompt, prompt_id):\n"
+        "        for node_id in prompt:\n            execute(None, prompt, node_id)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    recorder = _Recorder(pins)
+    monkeypatch.setattr(integration, "pins", recorder)
+    try:
+        hooks = integration.enable(cpu_targets=True)
+        assert hooks.active and hooks.awaited == ("execution",)
+        assert "execution.execute" not in hooks
+        import execution  # ComfyUI's main.py does this; the hooks follow
+
+        assert integration.enable().awaited == ()
+        assert {"execution.execute", "execution.PromptExecutor.execute"} <= integration.enable()
+        assert not any(type(f).__name__ == "_ArrivalFinder" for f in sys.meta_path), "nothing left to await"
+        recorder.calls.clear()
+        execution.PromptExecutor().execute(["a", "b"], "p1")
+        assert recorder.names() == ["mark_prompt", "end_node", "end_node", "end_prompt"]
+    finally:
+        integration.disable()
+        sys.modules.pop("execution", None)
+    assert not any(type(f).__name__ == "_ArrivalFinder" for f in sys.meta_path)
+
+
+class _FailingImport:
+    """A finder whose module raises what a missing dependency raises (torchvision)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util
+
+        class Loader:
+            def create_module(self, spec):
+                return None
+
+            def exec_module(self, module):
+                raise ModuleNotFoundError("No module named 'torchvision'", name="torchvision")
+        return importlib.util.spec_from_loader(fullname, Loader())
+
+
+def test_a_module_that_fails_to_import_is_told_from_an_absent_one_and_pins_says_it_is_inactive(monkeypatch, pins,
+                                                                                                caplog):
+    import torch_pins.comfy as integration
+
+    modules = _stand_in_comfy()
+    del modules["comfy.model_patcher"]
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "comfy.model_patcher", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_FailingImport("comfy.model_patcher")] + sys.meta_path)
+    monkeypatch.delenv(integration.ENV_VAR, raising=False)
+    original = modules["comfy.ops"].cast_bias_weight
+    with caplog.at_level(logging.INFO, logger="torch_pins.comfy"):
+        hooks = integration.enable()
+    assert not hooks and not integration.is_enabled()
+    assert modules["comfy.ops"].cast_bias_weight is original, "inactive: nothing left hooked"
+    assert "torchvision" in hooks.failed["comfy.model_patcher"]
+    assert "comfy.model_patcher.ModelPatcher.__init__" not in hooks.missing, "failed, not absent"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("importing comfy.model_patcher failed" in m and "torchvision" in m for m in messages)
+    assert any("INACTIVE" in m and "torchvision" in m for m in messages
+               if "pins is INACTIVE" in m), messages
+
+
+def test_one_info_line_says_version_mode_hooks_policy_and_budget(comfy_env, caplog):
+    cli_args = types.ModuleType("comfy.cli_args")
+    cli_args.args = types.SimpleNamespace(cpu=True)
+    sys.modules["comfy.cli_args"] = cli_args
+    try:
+        with caplog.at_level(logging.INFO, logger="torch_pins.comfy"):
+            hooks = comfy_env.integration.enable()
+    finally:
+        del sys.modules["comfy.cli_args"]
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "hooks in" in r.getMessage()]
+    assert len(lines) == 1
+    line = lines[0]
+    conf = comfy_env.pins.config()
+    for part in (f"torch_pins {comfy_env.pins.__version__}", "active", "old-loader", f"{len(hooks)} hooks in",
+                 f"policy {conf['policy']}", "headroom", "pin_reserve"):
+        assert part in line, (part, line)
+    assert "--cpu" in line and "cpu_targets=True" in line, "pins serves no CPU cast unless asked"
+
+
+# --- unloads (audit 4) ---
+
+def _with_unloads(env):
+    mm = env.m["comfy.model_management"]
+    mm.current_loaded = []
+
+    class LoadedModel:
+        def __init__(self, patcher):
+            self.model = patcher
+
+        def model_unload(self, memory_to_free=None, unpatch_weights=True):
+            return True
+
+    def unload_all_models():
+        for loaded in list(mm.current_loaded):
+            loaded.model_unload()
+        mm.current_loaded.clear()
+
+    mm.LoadedModel, mm.unload_all_models = LoadedModel, unload_all_models
+    return mm
+
+
+def test_unload_all_models_makes_every_model_inactive_and_frees_every_pin(comfy_env):
+    mm = _with_unloads(comfy_env)
+    comfy_env.integration.enable(cpu_targets=True)
+    pins = comfy_env.pins
+    models = []
+    for _ in range(2):
+        net, patcher = _net_and_patcher(comfy_env)
+        mm.load_models_gpu([patcher])
+        mm.current_loaded.append(mm.LoadedModel(patcher))
+        net(torch.randn(2, 8))
+        models.append((net, comfy_env.integration.model_id(patcher)))
+    stats = pins.stats()
+    assert all(stats[f"model.{m}.active"] == 1 for _, m in models)
+    assert sum(stats[f"model.{m}.weights.pins"] for _, m in models) > 0
+    mm.unload_all_models()  # ComfyUI's /free
+    stats = pins.stats()
+    for _, m in models:
+        assert stats[f"model.{m}.active"] == 0
+        assert all(stats[f"model.{m}.{s}.pins"] == 0 for s in ("weights", "patches", "weights-loaded",
+                                                                  "patches-loaded"))
+    assert comfy_env.integration.stats()["unload_all"] == 1
+
+
+def test_a_model_comfyui_unloads_is_inactive_and_keeps_its_pins(comfy_env):
+    mm = _with_unloads(comfy_env)
+    comfy_env.integration.enable(cpu_targets=True)
+    net, patcher = _net_and_patcher(comfy_env)
+    mm.load_models_gpu([patcher])
+    net(torch.randn(2, 8))
+    model = comfy_env.integration.model_id(patcher)
+    pinned = comfy_env.pins.stats()[f"model.{model}.weights.pins"]
+    assert mm.LoadedModel(patcher).model_unload() is True
+    stats = comfy_env.pins.stats()
+    assert stats[f"model.{model}.active"] == 0
+    assert stats[f"model.{model}.weights.pins"] == pinned > 0, "the cache it reloads from"
+
+
+# --- patch pins across boundaries (audit 5) ---
+
+def test_lowvram_patch_pins_survive_node_and_prompt_ends_while_the_patch_set_is_unchanged(comfy_env):
+    comfy_env.integration.enable(cpu_targets=True)
+    pins = comfy_env.pins
+    net, patcher = _net_and_patcher(comfy_env)
+    model = comfy_env.integration.model_id(patcher)
+    mp = comfy_env.m["comfy.model_patcher"]
+    with torch.inference_mode():
+        up, down = torch.randn(16, 2, dtype=torch.float16), torch.randn(2, 8, dtype=torch.float16)
+    patcher.patches["l1.weight"] = [(0.5, (up, down), 1.0, None, None)]
+    net.l1.weight_function = [mp.LowVramPatch("l1.weight", patcher.patches)]
+    x = torch.randn(3, 8)
+    first = net(x)
+    key = f"model.{model}.patches-loaded"
+    assert pins.stats()[f"{key}.pins"] == 2 and pins.stats()[f"{key}.misses"] == 2
+    pins.end_node()
+    pins.end_prompt()
+    assert torch.equal(net(x), first)
+    assert pins.stats()[f"{key}.hits"] == 2, "the next prompt's first step hits the factors"
+    import uuid
+    net.current_weight_patches_uuid = uuid.uuid4()  # a new patch set: made again, never served stale
+    net(x)
+    assert pins.stats()[f"{key}.misses"] == 4
+
+
+# --- the old loader: offload stream, ComfyUI's own pins, one budget ---
+
+class _Stream:
+    def __init__(self, log):
+        self.log = log
+
+    @contextlib.contextmanager
+    def as_context(self, stream):
+        self.log.append("enter")
+        yield
+        self.log.append("exit")
+
+
+def test_offloadable_casts_run_on_comfyuis_offload_stream_and_hand_it_to_uncast(comfy_env):
+    ops, mm = comfy_env.m["comfy.ops"], comfy_env.m["comfy.model_management"]
+    older = ops.cast_bias_weight
+
+    def cast_bias_weight(s, input=None, dtype=None, device=None, bias_dtype=None, offloadable=False,
+                         compute_dtype=None, want_requant=False):
+        weight, bias = older(s, input, dtype, device, bias_dtype)
+        return (weight, bias, None) if offloadable else (weight, bias)
+
+    log = []
+    stream = _Stream(log)
+    ops.cast_bias_weight = cast_bias_weight
+    mm.get_offload_stream = lambda device: stream
+    mm.sync_stream = lambda device, s: log.append(("sync", s))
+    comfy_env.integration.enable(cpu_targets=True)
+    net, _ = _net_and_patcher(comfy_env)
+    x = torch.randn(2, 8)
+    w, b, handle = ops.cast_bias_weight(net.l1, x, offloadable=True)
+    assert handle[0] is stream and handle[1] is w and handle[2] is b
+    assert log == ["enter", "exit", ("sync", stream)], "copies on the stream, then the compute stream waits"
+    log.clear()
+    assert len(ops.cast_bias_weight(net.l1, x)) == 2 and log == [], "not offloadable: the current stream"
+    assert comfy_env.integration.stats()["offload_stream_casts"] == 1
+
+
+def test_comfyui_does_not_page_lock_a_weight_pins_pins(comfy_env):
+    mp = comfy_env.m["comfy.model_patcher"]
+    locked = []
+    mp.ModelPatcher.pin_weight_to_device = lambda self, key: locked.append(key)
+    comfy_env.integration.enable(cpu_targets=True)
+    net, patcher = _net_and_patcher(comfy_env)
+    patcher.pin_weight_to_device("l1.weight")
+    assert locked == [] and comfy_env.integration.stats()["declined_pins"] == 1
+    other = mp.ModelPatcher.__new__(mp.ModelPatcher)  # never registered
+    other.model, other.load_device = torch.nn.Linear(2, 2), torch.device("cpu")
+    other.pin_weight_to_device("weight")
+    assert locked == ["weight"], "ComfyUI still pins what pins does not serve"
+
+
+def test_comfyuis_free_pins_frees_pins_along_the_same_tiers_first(comfy_env):
+    mm = comfy_env.m["comfy.model_management"]
+    comfy = []
+
+    def free_pins(size, evict_active=False, loaded=False):
+        comfy.append((size, evict_active, loaded))
+        return 0
+
+    mm.free_pins = free_pins
+    comfy_env.integration.enable(cpu_targets=True)
+    mm.free_pins(4096, loaded=True)
+    mm.free_pins(8192, True)
+    frees = [c[1] for c in comfy_env.rec.calls if c[0] == "free_pins"]
+    assert frees == [(4096, False, True), (8192, True, False)]
+    assert comfy == [(4096, False, True), (8192, True, False)], "nothing of pins to free: ComfyUI's own next"
+
+
+def test_a_page_lock_request_is_not_taken_for_ram_and_the_page_lock_cap_counts_pins(comfy_env):
+    mm = comfy_env.m["comfy.model_management"]
+    asked = []
+
+    def free_memory(memory_required, device, keep_loaded=[], for_dynamic=False, pins_required=0, ram_required=0):
+        return []
+
+    mm.free_memory = free_memory
+    mm.MAX_PINNED_MEMORY, mm.TOTAL_PINNED_MEMORY = 1 << 30, 1 << 30
+    mm.ensure_pin_registerable = lambda size, evict_active=True: asked.append(size) or True
+    comfy_env.integration.enable(cpu_targets=True)
+    mm.free_ram_reported = 1 << 20
+    mm.free_memory(0, torch.device("meta"), pins_required=8 << 30)
+    assert "free_pins" not in comfy_env.rec.names(), "pins_required is ComfyUI's ensure_pin_budget's to weigh"
+    mm.free_memory(0, torch.device("meta"), ram_required=8 << 30)
+    assert [c[1] for c in comfy_env.rec.calls if c[0] == "free_pins"] == [((8 << 30) - (1 << 20),)]
+    comfy_env.rec.calls.clear()
+    mm.ensure_pin_registerable(4096)
+    locked = comfy_env.pins.stats()["locked_bytes"]
+    assert [c[1] for c in comfy_env.rec.calls if c[0] == "free_pins"] == [(4096 + locked, True)]
+    assert asked == [4096]
+
+
+# --- ComfyUI's own tracking drives the boundaries ---
+
+def test_comfyuis_prompt_tracker_and_cast_buffer_reset_drive_the_boundaries_once(comfy_env):
+    mp, mm, execution = comfy_env.m["comfy.model_patcher"], comfy_env.m["comfy.model_management"], \
+        comfy_env.m["execution"]
+    memory = types.ModuleType("comfy.memory_management")
+    memory.aimdo_enabled = False  # on below, after enable(): these stand-ins have no vbar cast path
+    sys.modules["comfy.memory_management"] = memory
+    net, patcher = _net_and_patcher(comfy_env)
+
+    class PromptModelTracker:
+        def __init__(self):
+            self.models = {}
+
+        def start(self):
+            self.end()
+
+        def add(self, outputs):
+            self.models[id(outputs.model)] = outputs
+
+        def end(self):
+            self.models.clear()
+
+    mp.PromptModelTracker = PromptModelTracker
+    mm.reset_cast_buffers = lambda: None
+    tracker = PromptModelTracker()
+    run_node = execution.execute
+
+    async def execute(server, prompt, node_id):  # as 0f1fa67a: the node, then reset_cast_buffers under aimdo
+        try:
+            return await run_node(server, prompt, node_id)
+        finally:
+            mm.reset_cast_buffers()
+
+    execution.execute = execute
+    execute_async = execution.PromptExecutor.execute_async
+
+    async def tracked(self, prompt, prompt_id):
+        tracker.start()
+        try:
+            await execute_async(self, prompt, prompt_id)
+        finally:
+            tracker.end()
+
+    execution.PromptExecutor.execute_async = tracked
+
+    class Server:
+        def run_node(self, prompt, node_id):
+            tracker.add(patcher)
+
+    try:
+        comfy_env.integration.enable(cpu_targets=True)
+        memory.aimdo_enabled = True
+        comfy_env.rec.calls.clear()
+        execution.PromptExecutor(Server()).execute(["a", "b"], "p1")
+    finally:
+        del sys.modules["comfy.memory_management"]
+    model = comfy_env.integration.model_id(patcher)
+    names = comfy_env.rec.names()
+    assert names.count("end_prompt") == 1 and names.count("end_node") == 2, names
+    assert [c[1] for c in comfy_env.rec.calls if c[0] == "mark_prompt"] == [([],), ([model],), ([model],)]
