@@ -61,7 +61,10 @@ fi
 
 "$python" -m pip install --quiet psutil safetensors scipy einops tqdm pyyaml transformers tokenizers \
     sentencepiece av aiohttp yarl Pillow pydantic-settings trampoline
-"$python" -m pip install --quiet --no-deps torchsde  # asks for torch: keep the venv's
+# torchsde asks for torch (keep the venv's); comfy-kitchen is imported at module
+# level by ComfyUI 0.33. comfy-aimdo is not installed: on this CPU machine the
+# tests use tests/python/standins/comfy_aimdo (its README).
+"$python" -m pip install --quiet --no-deps torchsde comfy-kitchen
 
 echo "ComfyUI $(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$dest/comfyui_version.py" 2>/dev/null) in $dest"
 echo "run: COMFYUI_PATH=$dest $python -m pytest tests/python/test_comfy.py"

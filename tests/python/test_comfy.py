@@ -15,6 +15,7 @@ must be bit-identical.
 """
 import gc
 import importlib
+import inspect
 import importlib.machinery
 import os
 import sys
@@ -34,7 +35,13 @@ PROMPTS = 3
 # Packages ComfyUI imports at module level that the CPU build of torch here
 # cannot have (PyPI's torchvision does not load beside this torch): stood in by
 # empty modules when missing; no code path used here calls them.
-OPTIONAL_IMPORTS = ["torchvision", "torchvision.transforms", "torchaudio", "torchaudio.transforms"]
+OPTIONAL_IMPORTS = ["torchvision", "torchvision.transforms", "torchvision.transforms.functional", "torchvision.ops",
+                    "torchaudio", "torchaudio.transforms", "torchaudio.functional"]
+# Names newer ComfyUI (0.33) takes from them at import (comfy.model_base).
+OPTIONAL_NAMES = {"torchvision.ops": ["roi_align", "deform_conv2d"]}
+# comfy-aimdo, which ComfyUI 0.33 imports everywhere and which needs a GPU: the
+# stand-in of tests/python/standins (its README) wins over an installed one.
+STANDINS = os.path.join(os.path.dirname(__file__), "standins")
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +51,7 @@ def comfyui():
     added_path = COMFYUI_PATH not in sys.path
     if added_path:
         sys.path.insert(0, COMFYUI_PATH)
+    sys.path.insert(0, STANDINS)
     stubs = []
     for name in OPTIONAL_IMPORTS:
         try:
@@ -51,6 +59,8 @@ def comfyui():
         except Exception:
             module = types.ModuleType(name)
             module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+            for attr in OPTIONAL_NAMES.get(name, ()):
+                setattr(module, attr, None)
             sys.modules[name] = module
             parent, _, child = name.rpartition(".")
             if parent:
@@ -79,6 +89,7 @@ def comfyui():
         nodes.NODE_CLASS_MAPPINGS.pop(name, None)
     for name in stubs:
         sys.modules.pop(name, None)
+    sys.path.remove(STANDINS)
     if added_path:
         sys.path.remove(COMFYUI_PATH)
 
@@ -244,7 +255,10 @@ def _run(comfyui, graphs, between=None):
     """Runs the graphs as prompts through one executor (so the loader's model is
     cached across prompts, as in ComfyUI); ``between(i)`` runs before prompt i."""
     RUN.clear()
-    executor = comfyui.execution.PromptExecutor(_Server(), cache_type=False)
+    kwargs = {}
+    if "cache_args" in inspect.signature(comfyui.execution.PromptExecutor).parameters:  # 0.33: main.py's defaults
+        kwargs["cache_args"] = {"lru": 0, "ram": 0, "ram_inactive": 0}
+    executor = comfyui.execution.PromptExecutor(_Server(), cache_type=False, **kwargs)
     for i, graph in enumerate(graphs):
         if between is not None:
             between(i)
@@ -320,7 +334,8 @@ def test_lowvram_lora_patches_follow_their_signature(comfyui, integration, tmp_p
     graphs = [_graph(weights, 5, lora_a, 1.0, lowvram=True),
               _graph(weights, 5, lora_b, 1.0, lowvram=True),   # a LoRA swap
               _graph(weights, 5, lora_a, 0.5, lowvram=True),   # same factors, another patch set
-              _graph(weights, 5, lora_a, 1.0, lowvram=True)]
+              _graph(weights, 5, lora_a, 1.0, lowvram=True),
+              _graph(weights, 6, lora_a, 1.0, lowvram=True)]   # a seed change: ComfyUI keeps the patched model
     plain = _run(comfyui, graphs).outputs
     assert not _equal(plain[:1], plain[1:2]) and not _equal(plain[:1], plain[2:3])
     assert _equal(plain[:1], plain[3:4])
@@ -329,10 +344,15 @@ def test_lowvram_lora_patches_follow_their_signature(comfyui, integration, tmp_p
     assert _equal(served.outputs, plain), "pins changed a patched output"
     s = integration.stats()
     assert s.get("errors", 0) == 0 and s["patch_casts"] == len(graphs) * STEPS * 4, s
-    patch_hits = _delta(served.steps, "patches.hits")
-    patch_misses = _delta(served.steps, "patches.misses")
-    for p in range(len(graphs)):  # each prompt: the factors pinned at its first step, hits after
-        assert patch_misses[p * STEPS] == 4, patch_misses
+    # The factors are kept in patches-loaded while their patch set is unchanged:
+    # a new patch set (the LoRA node ran again) pins them at its prompt's first
+    # step; the seed change reuses the patched model, so its first step hits too.
+    patch_hits = _delta(served.steps, "patches-loaded.hits")
+    patch_misses = _delta(served.steps, "patches-loaded.misses")
+    assert sum(_delta(served.steps, "patches.misses")) == 0, "no factor is pinned for one node only"
+    for p in range(len(graphs)):
+        first = 0 if p == len(graphs) - 1 else 4
+        assert patch_misses[p * STEPS] == first and patch_hits[p * STEPS] == 4 - first, (patch_misses, patch_hits)
         assert patch_hits[p * STEPS + 1:(p + 1) * STEPS] == [4] * (STEPS - 1), patch_hits
     # The streamed weights are the unpatched ones ComfyUI restores from its backup
     # every prompt: pinned once, served from then on, across the LoRA swaps.
@@ -358,15 +378,154 @@ def test_disabled_is_plain_comfyui_bit_for_bit(comfyui, integration, tmp_path):
 def test_switched_off_by_the_environment(comfyui, integration, monkeypatch, tmp_path):
     monkeypatch.setenv(integration.ENV_VAR, "0")
     original = comfyui.ops.cast_bias_weight
-    assert integration.enable(cpu_targets=True) is False
+    hooks = integration.enable(cpu_targets=True)
+    assert not hooks and len(hooks) == 0
     assert comfyui.ops.cast_bias_weight is original
 
 
+# Hook points only ComfyUI with dynamic VRAM (0.33) has.
+NEWER_HOOKS = {"comfy.model_management.cast_to_gathered", "comfy.model_management.reset_cast_buffers",
+               "comfy.model_patcher.PromptModelTracker.start", "comfy.model_patcher.PromptModelTracker.add",
+               "comfy.model_patcher.PromptModelTracker.end", "comfy.model_patcher.ModelPatcher.pin_weight_to_device",
+               "comfy.model_management.free_pins", "comfy.model_management.ensure_pin_registerable"}
+
+
+def _has_dynamic_vram():
+    return importlib.util.find_spec("comfy.pinned_memory") is not None
+
+
 def test_every_hook_point_of_this_comfyui_is_found(comfyui, integration):
-    assert integration.enable()
-    missing = integration.stats()["missing"]
-    # RAM points that only newer ComfyUI has are looked up only where present
-    assert missing == [], missing
+    hooks = integration.enable()
+    assert hooks.active and hooks.failed == {} and hooks.awaited == ()
+    if _has_dynamic_vram():
+        assert hooks.missing == (), hooks.missing
+        assert {"comfy.pinned_memory.get_pin", "comfy.pinned_memory.pin_memory"} | NEWER_HOOKS <= hooks
+    else:  # 0.3.64: the hooks of later ComfyUI are looked up and left out
+        assert set(hooks.missing) <= NEWER_HOOKS, hooks.missing
+
+
+class _FakeCudart:
+    """torch.cuda.cudart() of a CUDA machine, for ComfyUI's own pinning on this CPU one."""
+
+    def cudaHostRegister(self, ptr, size, flags):
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        return 0
+
+
+def test_the_old_loader_does_not_page_lock_a_weight_pins_pins(comfyui, integration, monkeypatch, tmp_path):
+    registered = []
+
+    class Cudart(_FakeCudart):
+        def cudaHostRegister(self, ptr, size, flags):
+            registered.append(size)
+            return 0
+
+    # ComfyUI pins as on an NVIDIA machine (0.3.64 has no such cap, and pins nothing)
+    monkeypatch.setattr(comfyui.mm, "MAX_PINNED_MEMORY", 1 << 30, raising=False)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+    weights = _write_weights(tmp_path / "model.safetensors", 8)
+    graphs = [_graph(weights, seed, lowvram=True) for seed in range(2)]
+    plain = _run(comfyui, graphs).outputs
+    if not registered:
+        pytest.skip("this ComfyUI does not page-lock offloaded weights (pin_weight_to_device)")
+    registered.clear()
+    assert integration.enable(cpu_targets=True)
+    served = _run(comfyui, graphs)
+    assert _equal(served.outputs, plain), "pins changed the outputs"
+    s = integration.stats()
+    assert registered == [] and s["declined_pins"] > 0, (registered, s)
+    assert s.get("errors", 0) == 0 and s["casts"] == len(graphs) * STEPS * 4, s
+
+
+def _dynamic_net(c, path):
+    """Three manual_cast layers (32 KiB each: aimdo's stand-in pages them) under
+    dynamic VRAM, loaded as ComfyUI loads a model there."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(c.ops.manual_cast.Linear(128, 128, dtype=torch.float16)
+                                              for _ in range(3))
+
+    net = Net()
+    net.load_state_dict(c.utils.load_torch_file(path), assign=True)
+    return net
+
+
+def _vbar_forward(c, net, x):
+    """What a dynamic layer's cast_bias_weight does on a GPU, on this CPU: ComfyUI's
+    own cast_modules_with_vbar and resolve_cast_module_with_vbar, then the unpin
+    of uncast_bias_weight."""
+    import comfy_aimdo.model_vbar
+
+    for s in net.layers:
+        c.ops.cast_modules_with_vbar([s], x.dtype, x.device, x.dtype, False)
+        w, b = c.ops.resolve_cast_module_with_vbar(s, x.dtype, x.device, x.dtype, None, False)
+        faulted = s._prefetch["signature"] is not None
+        del s._prefetch
+        if faulted:
+            comfy_aimdo.model_vbar.vbar_unpin(s._v)
+        x = torch.nn.functional.linear(x, w, b)
+    return x
+
+
+@pytest.mark.parametrize("vram_kib", [72, 16])  # two of three layers fit (weights-loaded); none does (weights)
+def test_dynamic_vram_layers_are_pinned_once_by_pins(comfyui, integration, pins, monkeypatch, tmp_path, vram_kib):
+    if not _has_dynamic_vram():
+        pytest.skip("this ComfyUI predates dynamic VRAM (comfy.pinned_memory)")
+    import comfy.memory_management
+    import comfy_aimdo.control
+    import comfy_aimdo.model_vbar
+
+    assert comfy_aimdo.__file__.startswith(STANDINS), "the stand-in, never a real aimdo on the CPU"
+    g = torch.Generator().manual_seed(7)
+    path = str(tmp_path / "dyn.safetensors")
+    comfyui.utils.save_torch_file({f"layers.{i}.{k}": (torch.randn(*shape, generator=g) / 8).half()
+                                   for i in range(3) for k, shape in (("weight", (128, 128)), ("bias", (128,)))},
+                                  path)
+    comfy_aimdo.control.init()
+    comfy_aimdo.control.init_devices([0])
+    comfy_aimdo.model_vbar.configure(vram_bytes=vram_kib * 1024, page_size=4096)
+    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
+    monkeypatch.setattr(comfyui.mm, "MAX_PINNED_MEMORY", 1 << 30)  # ComfyUI pins as on an NVIDIA machine
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart())
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")  # a "GPU" the stand-in's vbar backs with CPU memory
+    x = torch.randn(4, 128, generator=g)
+    passes = 3
+
+    def run():
+        net = _dynamic_net(comfyui, path)
+        patcher = comfyui.mp.ModelPatcherDynamic(net, load_device=gpu, offload_device=cpu)
+        patcher.partially_load(gpu)
+        steps = []
+        for _ in range(passes):
+            before = pins.stats()
+            with torch.no_grad():
+                out = _vbar_forward(comfyui, net, x)
+            steps.append((out, before, pins.stats()))
+        comfy_pinned = comfyui.mm.TOTAL_PINNED_MEMORY
+        patcher.partially_unload_ram(1e30)
+        return steps, comfy_pinned, patcher
+
+    total_before = comfyui.mm.TOTAL_PINNED_MEMORY
+    plain, comfy_pinned, _ = run()
+    assert comfy_pinned - total_before == 3 * 33792, "without pins ComfyUI pins each layer itself"
+    hooks = integration.enable(cpu_targets=True)
+    assert hooks.active and hooks.mode == "dynamic-vram", hooks
+    served, comfy_pinned, patcher = run()
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(plain, served)), "pins changed an output"
+    assert comfy_pinned == comfyui.mm.TOTAL_PINNED_MEMORY, "ComfyUI pinned nothing of its own: one pinned copy"
+    s = integration.stats()
+    assert s.get("errors", 0) == 0 and s["vbar_casts"] > 0 and s["declined_pins"] > 0, s
+    model = integration.model_id(patcher)
+    subset = "weights-loaded" if vram_kib == 72 else "weights"
+    misses = [after.get(f"model.{model}.{subset}.misses", 0) - before.get(f"model.{model}.{subset}.misses", 0)
+              for _, before, after in served]
+    hits = [after.get(f"model.{model}.{subset}.hits", 0) - before.get(f"model.{model}.{subset}.hits", 0)
+            for _, before, after in served]
+    assert misses[0] == 6 and sum(misses[1:]) == 0, misses  # weight and bias of each layer, pinned once
+    assert hits[0] == 0 and all(h > 0 for h in hits[1:]), hits  # every layer cast again comes from its pin
 
 
 def test_models_are_registered_by_class_and_forgotten_with_their_weights(comfyui, integration, pins):
