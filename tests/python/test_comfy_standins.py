@@ -929,3 +929,106 @@ def test_comfyuis_prompt_tracker_and_cast_buffer_reset_drive_the_boundaries_once
     names = comfy_env.rec.names()
     assert names.count("end_prompt") == 1 and names.count("end_node") == 2, names
     assert [c[1] for c in comfy_env.rec.calls if c[0] == "mark_prompt"] == [([],), ([model],), ([model],)]
+
+
+# --- the dynamic-VRAM cast path (the real one: test_comfy.py against ComfyUI 0.33) ---
+
+def _with_vbar_path(env):
+    """comfy.pinned_memory and comfy.model_management.cast_to_gathered shaped as
+    ComfyUI 0.33's, and comfy.memory_management with aimdo on: what ComfyUI's
+    cast_modules_with_vbar calls for one layer, in its order."""
+    mm = env.m["comfy.model_management"]
+    pinned = types.ModuleType("comfy.pinned_memory")
+    memory = types.ModuleType("comfy.memory_management")
+    memory.aimdo_enabled = True
+    comfy_pins = {}
+
+    def get_pin(module, subset="weights"):
+        return comfy_pins.get((id(module), subset))
+
+    def pin_memory(module, subset="weights", size=None):
+        comfy_pins[(id(module), subset)] = torch.empty(size, dtype=torch.uint8)
+        return True
+
+    def interpret_gathered_like(tensors, gathered):
+        views, offset = [], 0
+        for t in tensors:
+            if t is None:
+                views.append(None)
+                continue
+            n = t.numel() * t.element_size()
+            views.append(gathered[offset:offset + n].view(t.dtype).view(t.shape))
+            offset += (n + 1023) // 1024 * 1024
+        return views
+
+    def cast_to_gathered(tensors, r, non_blocking=False, stream=None, r2=None):
+        mm.gathered.append(len(tensors))
+        dest = interpret_gathered_like(tensors, r) if r is not None else [None] * len(tensors)
+        dest2 = interpret_gathered_like(tensors, r2) if r2 is not None else [None] * len(tensors)
+        for t, d, d2 in zip(tensors, dest, dest2):
+            if t is None:
+                continue
+            if d is not None:
+                d.copy_(t)
+            if d2 is not None:
+                d2.copy_(t if d is None else d)
+
+    def cast_layer(s, resident):
+        """cast_modules_with_vbar + resolve for one layer: into its "vbar" slot."""
+        size = sum((t.numel() * t.element_size() + 1023) // 1024 * 1024 for t in (s.weight, s.bias)
+                   if t is not None)
+        dest = torch.empty(size, dtype=torch.uint8)
+        subset = "weights"
+        pin = pinned.get_pin(s, subset=subset)
+        if pin is None:
+            loaded = pinned.get_pin(s, subset="weights-loaded")
+            if loaded is not None or resident:
+                subset, pin = "weights-loaded", loaded
+        if pin is not None:
+            mm.cast_to_gathered([pin], dest)
+        else:
+            pinned.pin_memory(s, subset=subset, size=size)
+            pin = pinned.get_pin(s, subset=subset)
+            mm.cast_to_gathered([s.weight, s.bias], pin, r2=dest)
+        return interpret_gathered_like([s.weight, s.bias], dest)
+
+    pinned.get_pin, pinned.pin_memory = get_pin, pin_memory
+    memory.interpret_gathered_like = interpret_gathered_like
+    mm.cast_to_gathered, mm.gathered = cast_to_gathered, []
+    env.m["comfy"].pinned_memory, env.m["comfy"].memory_management = pinned, memory
+    sys.modules["comfy.pinned_memory"], sys.modules["comfy.memory_management"] = pinned, memory
+    return types.SimpleNamespace(cast_layer=cast_layer, comfy_pins=comfy_pins, mm=mm)
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_a_dynamic_layer_is_pinned_by_pins_alone_and_hits_from_the_second_cast(comfy_env, resident):
+    vbar = _with_vbar_path(comfy_env)
+    try:
+        hooks = comfy_env.integration.enable(cpu_targets=True)
+        assert hooks.active and hooks.mode == "dynamic-vram"
+        net, patcher = _net_and_patcher(comfy_env)
+        model = comfy_env.integration.model_id(patcher)
+        for _ in range(3):
+            w, b = vbar.cast_layer(net.l1, resident)
+            assert torch.equal(w, net.l1.weight) and torch.equal(b, net.l1.bias)
+    finally:
+        del sys.modules["comfy.pinned_memory"], sys.modules["comfy.memory_management"]
+    assert vbar.comfy_pins == {}, "ComfyUI made no pin of its own"
+    subset = "weights-loaded" if resident else "weights"
+    stats = comfy_env.pins.stats()
+    assert stats[f"model.{model}.{subset}.misses"] == 2 and stats[f"model.{model}.{subset}.hits"] == 4
+    s = comfy_env.integration.stats()
+    assert s["vbar_casts"] == 3 and s["declined_pins"] == 3 and s.get("errors", 0) == 0, s
+
+
+def test_a_dynamic_layer_pins_does_not_serve_keeps_comfyuis_own_pin(comfy_env):
+    vbar = _with_vbar_path(comfy_env)
+    try:
+        comfy_env.integration.enable(cpu_targets=True)
+        layer = comfy_env.m["comfy.ops"].Linear(8, 4, dtype=torch.float16)  # no patcher: not registered
+        w, _ = vbar.cast_layer(layer, True)
+        assert torch.equal(w, layer.weight)
+    finally:
+        del sys.modules["comfy.pinned_memory"], sys.modules["comfy.memory_management"]
+    assert list(vbar.comfy_pins) == [(id(layer), "weights-loaded")]
+    assert comfy_env.integration.stats().get("vbar_casts", 0) == 0
