@@ -13,7 +13,7 @@ of a model ComfyUI loads is pinned once, by pins, within pins' budget, and
 ComfyUI's own pinning stands aside for those models. ComfyUI casts in one of
 two modes, and pins serves both (a process can hold models of both kinds):
 
-- Dynamic VRAM (ComfyUI 0.3.7x and later on NVIDIA, ``comfy-aimdo``;
+- Dynamic VRAM (the default on NVIDIA in ComfyUI 0.33, ``comfy-aimdo``;
   ``comfy.memory_management.aimdo_enabled``): models are
   ``ModelPatcherDynamic`` and cast through ``comfy.ops.cast_modules_with_vbar``
   (the prefetcher calls it too), which asks ``comfy.pinned_memory.get_pin`` for
