@@ -88,7 +88,7 @@ void* Balancer::admit(const Request& r, Subset target, uint64_t settled_at_read)
   // available, not the total and swap the ceiling depends on.
   MemoryInfo mi = gate_.memory();
   void* block = nullptr;
-  const bool budget = ensure_budget(r.bytes, target, mi, settled_at_read);  // reserves r.bytes
+  const bool budget = ensure_budget(r.bytes, Asker{r.model, target}, mi, settled_at_read);  // reserves r.bytes
   if (budget) {
     const bool lock = !pool_.backend().can_lock() || ensure_lock_room(r.bytes, mi);
     block = pool_.try_allocate(r.bytes, lock);

@@ -98,6 +98,7 @@ void Balancer::set_active(ModelId model, bool active) {
 void Balancer::mark_prompt(const std::vector<ModelId>& models) {
   MutexLock g(mu_);
   for (ModelId id : models) table_.model(id, "mark_prompt");  // all or nothing
+  if (!prompt_) table_.start_prompt();
   prompt_ = true;
   for (ModelId id : models) table_.model(id, "mark_prompt").in_prompt = true;
 }
@@ -132,11 +133,11 @@ void Balancer::end_prompt() {
   {
     MutexLock g(mu_);
     prompt_ = false;
+    table_.end_prompt();  // before the marks go: Note [Idle cache pins]
     for (auto& [id, m] : table_.models()) {
       m->in_prompt = false;
       table_.drop_if(*m, Subset::Patches, droppable_patch, blocks);
     }
-    table_.end_prompt();
   }
   free_blocks(blocks);
 }

@@ -221,12 +221,14 @@ class Balancer {
   void mark_filled(Pin* pin) PINS_EXCLUDES(mu_);
 
   // ---- freeing (freeing.cpp)
-  // Frees along the tiers of `reach`; ends with keep_warm(warm_line) (Note [Warm idle memory]).
-  size_t free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line) PINS_EXCLUDES(mu_);
-  // Makes room for a new pin of `bytes` in `target`: true when it may be created.
+  // Frees along the tiers of `reach`, in the order PinTable::walk gives for
+  // `asker`; ends with keep_warm(warm_line) (Note [Warm idle memory]).
+  size_t free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line, const Asker& asker = {}) PINS_EXCLUDES(mu_);
+  // Makes room for a new pin of `bytes` for `asker` (its model and target
+  // subset): true when it may be created.
   // Note [Budget reservation]: when true, `bytes` are reserved; `settled_at_read`
   // is the gate's settled() before `mi` was read.
-  bool ensure_budget(size_t bytes, Subset target, MemoryInfo& mi, uint64_t settled_at_read)
+  bool ensure_budget(size_t bytes, const Asker& asker, MemoryInfo& mi, uint64_t settled_at_read)
       PINS_EXCLUDES(mu_);  // may read mi afresh
   // Registration ceiling: whether a new pin of `bytes` may be page-locked,
   // after dropping page-locks along the tiers if needed.

@@ -49,13 +49,14 @@ bool visit_merged(std::vector<Stream<It>>& streams, RankOf rank_of,
 // tier, streams) adds the streams of each subset within the reach, and they
 // are visited by visit_merged() in the order of rank_of.
 template <typename It, typename Add, typename RankOf>
-void walk_merged_tiers(const Models& models, Reach reach, Add add, RankOf rank_of,
+void walk_merged_tiers(const Models& models, Reach reach, unsigned subsets, Add add, RankOf rank_of,
                        const std::function<bool(const Candidate&)>& visit) {
   for (const bool last : {false, true}) {
     if (last && last_tier(reach) < 5) return;
     std::vector<Stream<It>> streams;
     for (const auto& [id, m] : models)
       for (int s = 0; s < kSubsets; ++s) {
+        if (!(subsets & subset_bit(static_cast<Subset>(s)))) continue;
         const int tier = tier_of(static_cast<Subset>(s), *m);
         if ((tier == 5) == last && tier <= last_tier(reach)) add(*m, s, tier, streams);
       }
@@ -68,8 +69,8 @@ void walk_merged_tiers(const Models& models, Reach reach, Add add, RankOf rank_o
 // range of last uses (cut at failed_before()), ordered as the policy orders
 // them when read backwards, whatever the prompt length and the clamp; the walk
 // merges the ranges' heads.
-void walk_reuse_order(const Models& models, Reach reach, const ReuseHistory& history, uint64_t now,
-                      const std::function<bool(const Candidate&)>& visit) {
+void walk_reuse_order(const Models& models, Reach reach, unsigned subsets, const ReuseHistory& history,
+                      uint64_t now, const std::function<bool(const Candidate&)>& visit) {
   using It = std::map<Model::ReuseKey, Pin*>::const_iterator;
   const auto add = [&](const Model& m, int s, int tier, std::vector<Stream<It>>& streams) {
     const auto& index = m.by_reuse[s];
@@ -90,18 +91,20 @@ void walk_reuse_order(const Models& models, Reach reach, const ReuseHistory& his
   const auto rank_of = [&](const Stream<It>& st, It head) {
     return reuse_rank(history, *head->second, st.in_prompt, now);
   };
-  walk_merged_tiers<It>(models, reach, add, rank_of, visit);
+  walk_merged_tiers<It>(models, reach, subsets, add, rank_of, visit);
 }
 
 // Note [Trace index]: the order of eviction_order() while the trace policy
 // follows a record, from the models' by_trace indexes, each read backwards
 // (farthest next use first).
-void walk_trace_order(const Models& models, Reach reach, const std::function<bool(const Candidate&)>& visit) {
+void walk_trace_order(const Models& models, Reach reach, unsigned subsets,
+                      const std::function<bool(const Candidate&)>& visit) {
   using It = std::map<Model::TraceIndexKey, Pin*>::const_iterator;
   const auto add = [](const Model& m, int s, int tier, std::vector<Stream<It>>& streams) {
     if (!m.by_trace[s].empty()) streams.push_back({m.by_trace[s].begin(), m.by_trace[s].end(), tier, tier > 2});
   };
-  walk_merged_tiers<It>(models, reach, add, [](const Stream<It>&, It head) { return head->first; }, visit);
+  walk_merged_tiers<It>(models, reach, subsets, add, [](const Stream<It>&, It head) { return head->first; },
+                        visit);
 }
 
 }  // namespace
@@ -117,7 +120,7 @@ int tier_of(Subset s, const Model& m) {
 int tier_of(const Pin& p, const Model& m) { return tier_of(p.subset, m); }
 
 std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyKind policy,
-                                      const TraceRecorder& trace, const ReuseView& reuse) {
+                                      const TraceRecorder& trace, const ReuseView& reuse, unsigned subsets) {
   struct Row {
     Candidate c;
     const Model* m;
@@ -127,6 +130,7 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
   for (const auto& [id, m] : models)
     for (int s = 0; s < kSubsets; ++s)
       for (const auto& [created, p] : m->by_created[s]) {
+        if (!(subsets & subset_bit(p->subset))) break;  // a subset left out: all its pins
         const int tier = tier_of(*p, *m);
         if (tier > last_tier(reach)) continue;
         rows.push_back({{p, tier}, m.get(), 0});
@@ -171,19 +175,20 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
 }
 
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
-                         const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse) {
+                         const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse,
+                         unsigned subsets) {
   if (policy == PolicyKind::Reuse && reuse.history != nullptr && !reuse.history->clairvoyant()) {
-    walk_reuse_order(models, reach, *reuse.history, reuse.now, visit);
+    walk_reuse_order(models, reach, subsets, *reuse.history, reuse.now, visit);
     return;
   }
   if (policy == PolicyKind::Trace && trace.following()) {
-    walk_trace_order(models, reach, visit);
+    walk_trace_order(models, reach, subsets, visit);
     return;
   }
   if (policy == PolicyKind::Reuse && reuse.history) {
     // Reuse's clairvoyant variant (the simulator's): its predictions move with
     // every access, and no index keeps them (Note [Eviction walk]).
-    for (const Candidate& c : eviction_order(models, reach, policy, trace, reuse))
+    for (const Candidate& c : eviction_order(models, reach, policy, trace, reuse, subsets))
       if (!visit(c)) return;
     return;
   }
@@ -197,17 +202,18 @@ void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, c
   });
   for (int tier = 1; tier <= last_tier(reach); ++tier) {
     for (const Model* m : ms) {
-      int subsets[2], n = 0;
+      int picked[2], n = 0;
       for (int s = 0; s < kSubsets; ++s)
-        if (tier_of(static_cast<Subset>(s), *m) == tier) subsets[n++] = s;
+        if ((subsets & subset_bit(static_cast<Subset>(s))) && tier_of(static_cast<Subset>(s), *m) == tier)
+          picked[n++] = s;
       if (n == 0) continue;
       if (lru) {
         // (last_use, created) ascending over the subsets of this tier.
         using It = std::map<std::pair<uint64_t, uint64_t>, Pin*>::const_iterator;
         It it[2], end[2];
         for (int i = 0; i < n; ++i) {
-          it[i] = m->by_use[subsets[i]].begin();
-          end[i] = m->by_use[subsets[i]].end();
+          it[i] = m->by_use[picked[i]].begin();
+          end[i] = m->by_use[picked[i]].end();
         }
         for (;;) {
           int pick = -1;
@@ -222,8 +228,8 @@ void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, c
         using It = std::map<uint64_t, Pin*>::const_reverse_iterator;
         It it[2], end[2];
         for (int i = 0; i < n; ++i) {
-          it[i] = m->by_created[subsets[i]].rbegin();
-          end[i] = m->by_created[subsets[i]].rend();
+          it[i] = m->by_created[picked[i]].rbegin();
+          end[i] = m->by_created[picked[i]].rend();
         }
         for (;;) {
           int pick = -1;

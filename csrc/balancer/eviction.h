@@ -55,6 +55,13 @@ int tier_of(const Pin& p, const Model& m);
 // The tier of every pin of subset `s` of `m`.
 int tier_of(Subset s, const Model& m);
 
+// Sets of subsets, a bit each (1 << Subset), for the walks below: Note [Miss
+// cost] in pin_table.h walks the patch subsets and the weight subsets apart.
+constexpr unsigned subset_bit(Subset s) { return 1u << static_cast<int>(s); }
+constexpr unsigned kAllSubsets = (1u << kSubsets) - 1;
+constexpr unsigned kPatchSubsets = subset_bit(Subset::Patches) | subset_bit(Subset::PatchesLoaded);
+constexpr unsigned kWeightSubsets = subset_bit(Subset::Weights) | subset_bit(Subset::WeightsLoaded);
+
 struct Candidate {
   Pin* pin;
   int tier;
@@ -67,11 +74,12 @@ struct ReuseView {
   uint64_t now = 0;
 };
 
-// Every pin of `models` within `reach`, first to free first, as `policy` orders
-// them; `trace` gives the trace policy's predictions while it is followed,
-// `reuse` the reuse policy's.
+// Every pin of `models` within `reach` and in `subsets`, first to free first,
+// as `policy` orders them; `trace` gives the trace policy's predictions while
+// it is followed, `reuse` the reuse policy's.
 std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyKind policy,
-                                      const TraceRecorder& trace, const ReuseView& reuse = {});
+                                      const TraceRecorder& trace, const ReuseView& reuse = {},
+                                      unsigned subsets = kAllSubsets);
 
 // The same order (Note [Eviction walk]), handed to `visit` one candidate at a
 // time until it returns false. The models' by_created and by_use indexes (and
@@ -79,6 +87,7 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
 // policy follows a record) must list their pins. `visit` must not
 // change the registry.
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
-                         const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse = {});
+                         const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse = {},
+                         unsigned subsets = kAllSubsets);
 
 }  // namespace pins

@@ -13,7 +13,8 @@
 
 namespace pins {
 
-bool Balancer::ensure_budget(size_t bytes, Subset target, MemoryInfo& mi, uint64_t settled_at_read) {
+bool Balancer::ensure_budget(size_t bytes, const Asker& asker, MemoryInfo& mi, uint64_t settled_at_read) {
+  const Subset target = *asker.target;
   PINS_RANGE("pins::ensure_budget");
   const Config c = config();
   // Note [Warm idle memory]: the pool's idle bytes are the new pin's to reuse.
@@ -28,7 +29,7 @@ bool Balancer::ensure_budget(size_t bytes, Subset target, MemoryInfo& mi, uint64
   if (shortfall == 0) return true;
   // Note [Pin eviction tiers]: only a streaming pin may take tier 4.
   const Reach reach = is_streaming(target) ? Reach::SpareActive : Reach::SparePromptStreaming;
-  const size_t freed = free_along_tiers(pin_free_goal(shortfall, c), reach, pin_reserve_line(c));
+  const size_t freed = free_along_tiers(pin_free_goal(shortfall, c), reach, pin_reserve_line(c), asker);
   // At least the shortfall freed, counted again against the reservations of now.
   return freed >= shortfall && gate_.reserve(bytes, add_sat(room, freed), settled_at_read, c) == 0;
 }
@@ -83,7 +84,7 @@ bool Balancer::ensure_lock_room(size_t bytes, const MemoryInfo& mi) {
   return lock_fits(locked(), bytes, ceiling);
 }
 
-size_t Balancer::free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line) {
+size_t Balancer::free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line, const Asker& asker) {
   PINS_RANGE("pins::free");
   // Note [Warm idle memory]: the pool keeps what is freed below; keep_warm()
   // at the end sets the limit the budget allows.
@@ -111,7 +112,7 @@ size_t Balancer::free_along_tiers(size_t bytes, Reach reach, uint64_t warm_line)
         batch.push_back(c);
         got += p->bytes;
         return got < want;
-      });
+      }, asker);
       for (Pin* p : busy_now) table_.stats_of(*p).inflight_skips++;
     }
     if (batch.empty()) break;

@@ -52,6 +52,39 @@ struct Request {
   const char* op = "cast_to_device";   // names the caller in the error for a model not registered
 };
 
+// Whom a walk of the eviction order frees for: a new pin of `model` in
+// `target`, or nobody in particular (an explicit free, relieve(), page-lock
+// drops). Note [Miss cost] and Note [Idle cache pins] say what it changes.
+struct Asker {
+  ModelId model = -1;
+  std::optional<Subset> target;
+};
+
+// Note [Miss cost]
+// What a pin saves is what its miss would cost. A weight's source is a file
+// (pins.load_file, a loader's mapping, weights read back after an unload): a
+// miss reads the disk unless the page cache still holds it. A patch tensor
+// (LoRA factors) lives in process memory: a miss is a RAM copy. So the eviction
+// order walks the patch subsets before the weight subsets, in every policy and
+// every tier: a free, relieve() and a page-lock drop take patch pins within
+// their reach before any weight pin; a new weight pin may take patch pins of
+// any tier, active models' included (the next cast of a factor copies it from
+// RAM); a new patch pin takes patch pins only, and is refused rather than
+// evicting a weight pin. Within each part the tiers and the policy order as
+// before (Note [Pin eviction tiers]). A weight pin whose source sits in process
+// memory (a model built in RAM) is ranked as a file's: the kind says the cost,
+// which keeps the walk O(k) (a mask of subsets, no per-pin test).
+//
+// Note [Idle cache pins]
+// A cache (-loaded) pin serves a layer that stays on the device. When its model
+// ran through a whole prompt and the pin was not used in it, the layer stayed
+// on the device all that prompt: the pin is the likeliest of all to go unused,
+// so the walk takes such pins first (each model's, least recently used first),
+// before the tiers. Model::idle_through is set at end_prompt for the models in
+// the prompt; a pin last used at or before it is idle. And a new cache pin of a
+// model never evicts its own model's pins of that subset: loading a model layer
+// by layer, evicting its own newest layer to pin the next gains nothing and
+// reads the disk once more (the walk skips them; the pin is refused instead).
 class PinTable {
  public:
   explicit PinTable(PolicyKind policy);
@@ -82,13 +115,18 @@ class PinTable {
   // Returns the source's prompt gap under the reuse policy (0 otherwise).
   uint64_t record_access(Model& m, const Request& r);
   // The prompt boundary: the trace's record becomes the reference, the reuse
-  // history closes the prompt.
+  // history closes the prompt, and the models in it (`in_prompt` or `active`)
+  // take the prompt's start as their idle_through (Note [Idle cache pins]).
   void end_prompt();
+  // A prompt starts: its start on the clock (Note [Idle cache pins]).
+  void start_prompt() { prompt_start_ = clock_; }
   // The simulator's clairvoyant reuse policy (ReuseHistory::set_future).
   void set_reuse_future(ReuseHistory::Future future) { reuse_.set_future(std::move(future)); }
-  // The eviction order of `reach`, walked until `visit` returns false (Note
-  // [Eviction walk]). `visit` may mark pins, not link or unlink them.
-  void walk(Reach reach, const std::function<bool(const Candidate&)>& visit);
+  // The eviction order of `reach` for `asker`, walked until `visit` returns
+  // false: idle cache pins, then patch pins, then weight pins (Notes [Idle
+  // cache pins], [Miss cost], [Eviction walk]). `visit` may mark pins, not link
+  // or unlink them; it sees each pin once.
+  void walk(Reach reach, const std::function<bool(const Candidate&)>& visit, const Asker& asker = {});
   // Note [Trace index]: pins the by_trace indexes list at another rank than
   // the recorder's now, or miss, while they are kept current (none otherwise). O(pins).
   std::optional<size_t> trace_index_faults() const;
@@ -164,6 +202,7 @@ class PinTable {
   ModelId next_model_ = 0;
   uint64_t seq_ = 0;    // load order and pin creation order
   uint64_t clock_ = 0;  // accesses
+  uint64_t prompt_start_ = 0;  // clock_ when the prompt started (Note [Idle cache pins])
   SourceIndex sources_;  // every linked pin by source storage (Note [Source index])
   ReclaimRing ring_;     // every linked pin (Note [Dead source reclaim])
   std::unordered_map<Pin*, std::unique_ptr<Pin>> orphans_;  // detached pins still held

@@ -3,6 +3,7 @@
 // [Eviction walk] in eviction.h, Note [Trace index] in trace.h, Note [Reuse
 // policy] in reuse.h).
 #include <algorithm>
+#include <unordered_set>
 #include <utility>
 
 #include "csrc/balancer/pin_table.h"
@@ -32,12 +33,43 @@ uint64_t PinTable::record_access(Model& m, const Request& r) {
 void PinTable::end_prompt() {
   trace_.end_prompt();  // Note [Trace policy]: this prompt's record becomes the reference
   reuse_.end_prompt(clock_);
+  for (auto& [id, m] : models_)
+    if (m->in_prompt || m->active) m->idle_through = prompt_start_;  // Note [Idle cache pins]
 }
 
-void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& visit) {
+void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& visit, const Asker& asker) {
   // Note [Trace index]: the first decision of a generation ranks every pin again.
   if (policy_ == PolicyKind::Trace && trace_.following() && !trace_index_current()) rebuild_trace_index();
-  walk_eviction_order(models_, reach, policy_, trace_, visit, {&reuse_, clock_});  // Note [Eviction walk]
+  const bool for_patch = asker.target && is_patch(*asker.target);
+  const bool for_cache = asker.target && !is_streaming(*asker.target);
+  const auto own = [&](const Pin& p) { return for_cache && p.model == asker.model && p.subset == *asker.target; };
+  // Note [Idle cache pins]: first, each model's cache pins unused through its last prompt.
+  std::unordered_set<const Pin*> idle;  // visited here, skipped below
+  for (auto& [id, m] : models_) {
+    if (!m->idle_through) continue;
+    for (const Subset s : {Subset::WeightsLoaded, Subset::PatchesLoaded}) {
+      if (for_patch && !is_patch(s)) continue;
+      const auto& by_use = m->by_use[static_cast<int>(s)];
+      for (auto it = by_use.begin(); it != by_use.end() && it->first.first <= *m->idle_through; ++it) {
+        if (own(*it->second)) break;  // a model's own pins are not taken for its own new pin
+        idle.insert(it->second);
+        if (!visit({it->second, tier_of(*it->second, *m)})) return;
+      }
+    }
+  }
+  bool stopped = false;
+  const auto rest = [&](const Candidate& c) {
+    if (idle.count(c.pin) != 0) return true;
+    // Note [Idle cache pins]: a model being loaded does not evict its own
+    // layers for others of its own: the new pin is refused.
+    stopped = own(*c.pin) || !visit(c);
+    return !stopped;
+  };
+  const ReuseView reuse{&reuse_, clock_};
+  // Note [Miss cost]: patch pins first (any tier for a new weight pin), then the weights.
+  walk_eviction_order(models_, asker.target && !for_patch ? Reach::All : reach, policy_, trace_, rest, reuse,
+                      kPatchSubsets);  // Note [Eviction walk]
+  if (!stopped && !for_patch) walk_eviction_order(models_, reach, policy_, trace_, rest, reuse, kWeightSubsets);
 }
 
 // ------------------------------------------------------------------ Note [Reuse policy]

@@ -186,6 +186,10 @@ struct Model {
   ModelOptions options;
   uint64_t load_seq = 0;        // larger: loaded more recently
   uint64_t last_use = 0;
+  // Note [Idle cache pins] (pin_table.h): the clock when the last prompt the
+  // model ran in started; its cache pins last used then or before went unused
+  // through that prompt. None until it has run in a prompt.
+  std::optional<uint64_t> idle_through;
   bool in_prompt = false;
   bool active = false;
   int64_t refusals = 0;         // COUNT pins the budget or the pool refused

@@ -167,6 +167,90 @@ TEST(BalancerTiers, ActiveStreamingPinsOnlyWhenAllowed) {
   EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).evictions[4], 1);
 }
 
+// Note [Miss cost]: a patch pin saves a RAM copy, a weight pin a disk read. A
+// new weight pin takes an active model's patch pin (tier 5) before a weight pin
+// of a model out of the prompt (tier 1); a new patch pin takes no weight pin.
+TEST(BalancerMissCost, PatchPinsGoFirstAndNeverTakeAWeightPin) {
+  Fixture f(3);
+  const ModelId out = f.bal.register_model("out", "cuda:0");
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(out, 1)));
+  f.bal.mark_prompt({m});
+  f.bal.set_active(m, true);
+  ASSERT_TRUE(f.cast(f.req(m, 2, Kind::Patches)));
+  ASSERT_TRUE(f.cast(f.req(m, 3)));
+  ASSERT_TRUE(f.cast(f.req(m, 4))) << "room made by the patch pin";
+  EXPECT_EQ(f.count(m, Subset::Patches), 0);
+  EXPECT_EQ(f.count(out, Subset::Weights), 1) << "the weight pin out of the prompt stays";
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Patches).evictions[4], 1);
+  EXPECT_FALSE(f.cast(f.req(m, 5, Kind::Patches))) << "a patch pin is refused rather than take a weight pin";
+  EXPECT_EQ(f.count(out, Subset::Weights), 1);
+  EXPECT_EQ(f.count(m, Subset::Weights), 2);
+  // A free takes patch pins within its reach before weight pins of any tier.
+  ASSERT_TRUE(f.bal.free(3 * U, true) >= 3 * U);
+  f.bal.end_prompt();
+}
+
+TEST(BalancerMissCost, AFreeTakesPatchPinsBeforeWeightPinsOfALowerTier) {
+  Fixture f(4);
+  const ModelId out = f.bal.register_model("out", "cuda:0");
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  ASSERT_TRUE(f.cast(f.req(out, 1)));  // tier 1 once m's prompt starts
+  f.bal.mark_prompt({m});
+  ASSERT_TRUE(f.cast(f.req(m, 2, Kind::Patches, true)));  // patches-loaded needs a signature: streaming below
+  ASSERT_TRUE(f.cast(f.req(m, 3, Kind::Patches)));
+  ASSERT_EQ(f.count(m, Subset::Patches), 2);
+  EXPECT_EQ(f.bal.free(2 * U), 2 * U);
+  EXPECT_EQ(f.count(m, Subset::Patches), 0) << "tier 4 patch pins before the tier 1 weight pin";
+  EXPECT_EQ(f.count(out, Subset::Weights), 1);
+  f.bal.end_prompt();
+}
+
+// Note [Idle cache pins]: a model's cache pins unused through a whole prompt
+// it ran in go first, before any tier (here before a model out of the prompt).
+TEST(BalancerIdleCachePins, CachePinsUnusedThroughAPromptGoFirst) {
+  Fixture f(4);
+  const ModelId x = f.bal.register_model("x", "cuda:0");
+  const ModelId y = f.bal.register_model("y", "cuda:0");
+  const ModelId z = f.bal.register_model("z", "cuda:0");
+  f.bal.mark_prompt({x});
+  ASSERT_TRUE(f.cast(f.req(x, 1, Kind::Weights, true)));  // loaded, then stays on the device
+  ASSERT_TRUE(f.cast(f.req(x, 2, Kind::Weights, true)));
+  f.bal.end_prompt();
+  f.bal.mark_prompt({x});
+  ASSERT_TRUE(f.cast(f.req(x, 2, Kind::Weights, true)));  // 2 is cast again (a hit), 1 stayed resident
+  ASSERT_TRUE(f.cast(f.req(z, 3)));
+  f.bal.end_prompt();
+  f.bal.mark_prompt({y});
+  ASSERT_TRUE(f.cast(f.req(y, 4)));
+  ASSERT_TRUE(f.cast(f.req(y, 5))) << "room made by the idle pin";
+  EXPECT_FALSE(f.has(x, 1, Subset::WeightsLoaded)) << "unused through x's last prompt: first to go";
+  EXPECT_TRUE(f.has(x, 2, Subset::WeightsLoaded));
+  EXPECT_TRUE(f.has(z, 3, Subset::Weights)) << "tier 1 goes only after the idle pins";
+  f.bal.end_prompt();
+}
+
+// Note [Idle cache pins]: a model being loaded does not evict its own layers
+// for others of its own; the new cache pin is refused.
+TEST(BalancerIdleCachePins, AModelBeingLoadedKeepsItsOwnCachePins) {
+  Fixture f(2);
+  const ModelId m = f.bal.register_model("m", "cuda:0");
+  f.bal.mark_prompt({m});
+  f.bal.set_active(m, true);
+  ASSERT_TRUE(f.cast(f.req(m, 1, Kind::Weights, true)));
+  ASSERT_TRUE(f.cast(f.req(m, 2, Kind::Weights, true)));
+  EXPECT_FALSE(f.cast(f.req(m, 3, Kind::Weights, true)));
+  EXPECT_TRUE(f.has(m, 1, Subset::WeightsLoaded) && f.has(m, 2, Subset::WeightsLoaded));
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::WeightsLoaded).evictions_all(), 0);
+  // Another model's cache pin may still take them (tier 3), as a streaming pin of m may.
+  const ModelId other = f.bal.register_model("other", "cuda:0");
+  f.bal.mark_prompt({other});
+  f.bal.set_active(m, false);
+  ASSERT_TRUE(f.cast(f.req(other, 4, Kind::Weights, true)));
+  EXPECT_EQ(f.count(m, Subset::WeightsLoaded), 1);
+  f.bal.end_prompt();
+}
+
 // free(loaded): ComfyUI's free_pins(loaded=True), room for a cache pin: tiers
 // 1-3 only, so the prompt's streaming pins stay even when evict_active says more.
 TEST(BalancerTiers, LoadedFreeSparesThePromptsStreamingPins) {
