@@ -52,6 +52,11 @@ enum class Pattern {
 };
 inline constexpr int kPatternCount = 8;
 const char* to_string(Pattern p);
+// The pattern of scenario `index`: every pattern in each ten consecutive
+// scenarios, seed-prompt three times (a seed change is the most common
+// sequence in ComfyUI, Note [Simulator suite]).
+inline constexpr int kScheduleLength = 10;
+Pattern pattern_of(int index);
 
 struct Scenario {
   uint64_t seed = 0;
@@ -71,6 +76,9 @@ struct SuiteRow {
   uint64_t ram_bound = 0;      // the RAM bound over those runs (Note [Simulator lower bound])
   uint64_t allowance = 0;      // one largest layer per run counted
   int runs = 0;                // runs counted (all but the first)
+  // The oracle reads more than the machine's RAM a run: a sequence that
+  // thrashes whatever the policy, which nobody runs twice (reported apart).
+  bool thrashing = false;
 };
 
 struct SuiteResult {
@@ -91,6 +99,8 @@ struct SuiteFigures {
   std::string policy;
   double total = 0;      // disk bytes, every scenario
   double vs_oracle = 0;  // total / the oracle's total
+  double vs_oracle_steady = 0;  // the same without the thrashing scenarios (SuiteRow::thrashing)
+  int thrashing = 0;            // those scenarios
   // Per scenario disk / the oracle's, over the scenarios where the oracle reads.
   double median = 0, p90 = 0, worst = 0;
   int worst_scenario = -1;

@@ -277,7 +277,7 @@ TEST(SimCli, Suite) {
   ASSERT_EQ(cli({"--suite", "--write-trace", "4:" + file, "--params", csv_arg}).rc, 0);
   const Result replay = cli({"--trace", file, "--policy", "oracle", "--markdown"});
   ASSERT_EQ(replay.rc, 0) << replay.err;
-  EXPECT_NE(replay.out.find("| two-alternating |"), std::string::npos) << replay.out;
+  EXPECT_NE(replay.out.find("| one-off |"), std::string::npos) << replay.out;  // pattern_of(4)
   const Result bad_write = cli({"--suite", "--write-trace", "4"});
   EXPECT_EQ(bad_write.rc, 2);
   EXPECT_NE(bad_write.err.find("--write-trace: expected INDEX:FILE"), std::string::npos) << bad_write.err;

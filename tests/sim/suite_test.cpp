@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -32,11 +33,15 @@ TEST(SimSuite, AScenarioDependsOnlyOnItsSeedAndIndex) {
   EXPECT_NE(make_scenario(7, 5, params()).json, make_scenario(7, 13, params()).json);
 }
 
-TEST(SimSuite, EveryPatternInEightConsecutiveScenarios) {
+TEST(SimSuite, EveryPatternInTenConsecutiveScenariosSeedChangesMostOften) {
   std::set<std::string> machines, families;
+  std::map<Pattern, int> seen;
+  for (int i = 0; i < kScheduleLength; ++i) seen[pattern_of(i)]++;
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kPatternCount)) << "every pattern";
+  EXPECT_EQ(seen[Pattern::SeedPrompt], 3) << "a seed change is the most common sequence";
   for (int i = 0; i < 40; ++i) {
     const Scenario s = make_scenario(3, i, params());
-    ASSERT_EQ(s.pattern, static_cast<Pattern>(i % kPatternCount)) << s.name;
+    ASSERT_EQ(s.pattern, pattern_of(i)) << s.name;
     ASSERT_EQ(s.trace.sequences.size(), 1u);
     const Sequence& seq = s.trace.sequences.front();
     EXPECT_EQ(seq.runs, static_cast<int>(seq.prompts.size())) << "prompts listed run by run";
@@ -49,6 +54,7 @@ TEST(SimSuite, EveryPatternInEightConsecutiveScenarios) {
     EXPECT_LE(s.trace.machine.ram, 128ull << 30);
     EXPECT_GE(s.trace.machine.vram, 8ull << 30);
     EXPECT_LE(s.trace.machine.vram, 48ull << 30);
+    EXPECT_LE(s.trace.machine.vram, s.trace.machine.ram) << "no machine with more VRAM than RAM";
     machines.insert(std::to_string(s.trace.machine.ram) + "/" + std::to_string(s.trace.machine.vram));
     for (const Model& m : s.trace.models) families.insert(m.name);
     if (s.pattern == Pattern::Rerun)
