@@ -171,6 +171,7 @@ c10::Dict<std::string, int64_t> stats_kernel() {
     d.insert("file_fills", static_cast<int64_t>(fs.fills));
     d.insert("file_fill_bytes", static_cast<int64_t>(fs.bytes));
     d.insert("file_fills_direct", static_cast<int64_t>(fs.direct));
+    d.insert("file_fills_cached", static_cast<int64_t>(fs.cached));
     d.insert("file_fills_written", static_cast<int64_t>(fs.written));
     d.insert("mapped_files", static_cast<int64_t>(fs.mapped_files));
     d.insert("file_changes", static_cast<int64_t>(fs.changes));

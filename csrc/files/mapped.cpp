@@ -21,7 +21,7 @@ Registry& registry() {
   return *r;
 }
 
-std::atomic<uint64_t> g_fills{0}, g_bytes{0}, g_direct{0}, g_written{0}, g_mapped{0}, g_changes{0};
+std::atomic<uint64_t> g_fills{0}, g_bytes{0}, g_direct{0}, g_cached{0}, g_written{0}, g_mapped{0}, g_changes{0};
 
 }  // namespace
 
@@ -118,16 +118,18 @@ FileFillStats file_fill_stats() {
   s.fills = g_fills.load(std::memory_order_relaxed);
   s.bytes = g_bytes.load(std::memory_order_relaxed);
   s.direct = g_direct.load(std::memory_order_relaxed);
+  s.cached = g_cached.load(std::memory_order_relaxed);
   s.written = g_written.load(std::memory_order_relaxed);
   s.mapped_files = g_mapped.load(std::memory_order_relaxed);
   s.changes = g_changes.load(std::memory_order_relaxed);
   return s;
 }
 
-void count_file_fill(uint64_t bytes, bool direct) {
+void count_file_fill(uint64_t bytes, bool direct, bool cached) {
   g_fills.fetch_add(1, std::memory_order_relaxed);
   g_bytes.fetch_add(bytes, std::memory_order_relaxed);
   if (direct) g_direct.fetch_add(1, std::memory_order_relaxed);
+  if (cached) g_cached.fetch_add(1, std::memory_order_relaxed);
 }
 
 void count_written_fallback() { g_written.fetch_add(1, std::memory_order_relaxed); }
@@ -140,8 +142,11 @@ bool fill_from_file(const void* p, uint64_t n, void* dst, int threads) {
     return false;
   }
   const MappedFile& f = *where.file;
-  const ReadResult how = read_range(f.file(), f.direct(), f.path(), where.offset, dst, n, threads);
-  count_file_fill(n, how.direct);
+  // Note [File-backed pins]: a range the page cache holds whole is read from
+  // it (buffered, then dropped from the cache), not from the disk again.
+  const bool cached = pages_cached(p, n);
+  const ReadResult how = read_range(f.file(), cached ? kNoFile : f.direct(), f.path(), where.offset, dst, n, threads);
+  count_file_fill(n, how.direct, cached);
   return true;
 }
 

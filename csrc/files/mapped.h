@@ -14,7 +14,10 @@
 //   cache still hold the file's bytes. If pagemap cannot be read, every page
 //   counts as written.
 // Then the pin is copied from memory, as for any other source, and the fall
-// back is counted. A file rewritten on disk under the mapping: Note [Changed
+// back is counted. A range the page cache holds whole (mincore) is read
+// buffered instead of O_DIRECT, which would read the disk again, and dropped
+// from the cache after (file_fills_cached): either way the weight ends up held
+// once, in its pin. A file rewritten on disk under the mapping: Note [Changed
 // files]. Windows maps a copy-on-write view and tells written pages otherwise:
 // Note [Windows file reads] (os_files_win.cpp).
 //
@@ -136,12 +139,13 @@ struct FileFillStats {
   uint64_t fills = 0;       // pins filled from their file
   uint64_t bytes = 0;       // bytes read for them
   uint64_t direct = 0;      // of the fills, those read with O_DIRECT
+  uint64_t cached = 0;      // of the fills, those the page cache held whole: read from it, then dropped
   uint64_t written = 0;     // pins of a mapped source filled from memory: pages written
   uint64_t mapped_files = 0;  // mappings alive now
   uint64_t changes = 0;     // looks that found a mapped file changed on disk (Note [Changed files])
 };
 FileFillStats file_fill_stats();
-void count_file_fill(uint64_t bytes, bool direct);
+void count_file_fill(uint64_t bytes, bool direct, bool cached = false);
 void count_written_fallback();
 
 // Fills dst (n bytes) with [p, p + n) from its file when Note [File-backed

@@ -76,4 +76,9 @@ void unmap_file(void* base, uint64_t size);
 // a private page).
 bool pages_unwritten(const void* p, uint64_t n);
 
+// Note [File-backed pins]: true when every page of [p, p + n), which lies in a
+// map_file() mapping, is in the system's page cache now (Linux: mincore);
+// always false on Windows, whose reads skip the cache anyway.
+bool pages_cached(const void* p, uint64_t n);
+
 }  // namespace pins::files

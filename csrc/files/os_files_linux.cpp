@@ -136,6 +136,21 @@ void* map_file(FileHandle file, uint64_t size, const std::string& path) {
 
 void unmap_file(void* base, uint64_t size) { ::munmap(base, size); }
 
+bool pages_cached(const void* p, uint64_t n) {
+  if (n == 0) return true;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / kPage * kPage;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  unsigned char vec[4096];
+  for (uintptr_t at = begin; at < end;) {
+    const uint64_t pages = std::min<uint64_t>(sizeof vec, (end - at + kPage - 1) / kPage);
+    if (::mincore(reinterpret_cast<void*>(at), pages * kPage, vec) != 0) return false;
+    for (uint64_t i = 0; i < pages; ++i)
+      if (!(vec[i] & 1)) return false;
+    at += pages * kPage;
+  }
+  return true;
+}
+
 bool pages_unwritten(const void* p, uint64_t n) {
   if (n == 0) return true;
   const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);

@@ -211,6 +211,8 @@ uint64_t read_at(FileHandle file, char* dst, uint64_t n, uint64_t offset, const 
 
 void drop_cached(FileHandle, uint64_t, uint64_t) {}  // Note [Windows file reads]
 
+bool pages_cached(const void*, uint64_t) { return false; }  // Note [Windows file reads]: no cache to spare
+
 char* map_buffer(uint64_t n, const std::string& path) {
   void* p = VirtualAlloc(nullptr, n, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
   if (p == nullptr)

@@ -4,6 +4,7 @@ them, a new pin filled from the file, never from a stale file, and malformed
 files refused with the file and the field named."""
 import gc
 import json
+import os
 import struct
 
 import pytest
@@ -74,6 +75,62 @@ def test_a_new_pin_is_filled_from_the_file_bit_exact(pins, model, weights):
     outs = pins.cast_many_to_device([loaded["blk.0.b"], loaded["mask"]], "cpu", model=model)
     assert torch.equal(outs[0], tensors["blk.0.b"]) and torch.equal(outs[1], tensors["mask"])
     assert pins.stats()["file_fills"] == after["file_fills"] + 2
+
+
+def _cached_pages(path):
+    """Pages of `path` in the page cache (mincore over a fresh shared mapping)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+        assert libc.mincore(addr, size, vec) == 0
+        libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vec)
+
+
+def test_a_range_the_page_cache_holds_is_read_from_it_and_then_dropped(pins, model, tmp_path):
+    # Note [File-backed pins]: O_DIRECT would read the disk again; the cached
+    # pages are copied and given back, so the weight is held once, in its pin.
+    path = str(tmp_path / "cached.safetensors")
+    w = torch.randn(1 << 20, generator=torch.Generator().manual_seed(3))  # 4 MiB: a run of whole pages
+    safetensors_torch.save_file({"w": w}, path)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())  # written back: the cache may drop its pages
+        f.read()  # every page cached
+    if _cached_pages(path) * 4096 < os.path.getsize(path):
+        pytest.skip("this filesystem does not keep the file in the page cache")
+    loaded = pins.load_file(path)
+    before = pins.stats()
+    assert torch.equal(pins.cast_to_device(loaded["w"], "cpu", model=model), w)
+    after = pins.stats()
+    assert after["file_fills"] - before["file_fills"] == 1
+    assert after["file_fills_cached"] - before["file_fills_cached"] == 1
+    assert after["file_fills_direct"] == before["file_fills_direct"]
+    assert _cached_pages(path) * 4096 < (1 << 20), "the pinned range left the page cache"
+    # Not cached: read from the disk (O_DIRECT where the filesystem allows it), not counted as cached.
+    path2 = str(tmp_path / "cold.safetensors")
+    safetensors_torch.save_file({"w": w}, path2)
+    fd = os.open(path2, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    if _cached_pages(path2) > 2:
+        pytest.skip("this filesystem keeps the file cached")
+    loaded2 = pins.load_file(path2)
+    before = pins.stats()
+    assert torch.equal(pins.cast_to_device(loaded2["w"], "cpu", model=model), w)
+    assert pins.stats()["file_fills_cached"] == before["file_fills_cached"]
 
 
 def test_a_tensor_written_in_place_is_pinned_from_memory(pins, model, weights):
