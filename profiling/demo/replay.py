@@ -38,7 +38,14 @@ weight's pages from the real page cache when the model evicts it (madvise
 MADV_DONTNEED on its mapped pages, then posix_fadvise DONTNEED on its file
 range), so the kernel's page cache holds what the modelled one holds and every
 other read goes to the disk, where /proc/self/io counts it. The disk bytes are
-the kernel's count; the model only decides what stays cached.
+the kernel's count; the model only decides what stays cached. The runs with
+pins load their files with ``torch_pins.load_file``, as an application that
+uses pins would: a new pin of a weight is filled from the page cache when it
+holds the layer (which then drops it) and otherwise from the disk past the
+cache, so a pinned layer is held once (Note [File-backed pins] in
+csrc/files/mapped.h); the model takes the layer out of its LRU likewise
+(pins-sim's default; ``--buffered-fills`` there models a loader's mapping).
+The run without pins maps the files itself.
 """
 import ctypes
 import json
@@ -192,6 +199,15 @@ class PageCacheModel:
         self.used += w.nbytes
         self.shrink(capacity)
 
+    def take(self, w: Weight) -> bool:
+        """Takes `w` out, as a pin filled from the page cache drops it there; whether it was in."""
+        if w.key not in self.lru:
+            return False
+        del self.lru[w.key]
+        self.used -= w.nbytes
+        w.drop()  # pins dropped the pages it read; this drops the ones the mapping holds too
+        return True
+
     def shrink(self, capacity: int) -> None:
         while self.used > capacity and self.lru:
             _, w = self.lru.popitem(last=False)
@@ -209,10 +225,12 @@ _DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "
            "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
-def load(path: str, header: "files.Header") -> dict:
-    """The tensors of safetensors file `path`, views of one private read-only
-    mapping of it: nothing is read until a tensor's bytes are touched.
-    (torch_pins.load_file replaces this once it lands; see the report.)"""
+def load(path: str, header: "files.Header", pins=None) -> dict:
+    """The tensors of safetensors file `path`, views of one private mapping of
+    it: nothing is read until a tensor's bytes are touched. With `pins`, its
+    load_file maps it (Note [Demo page cache])."""
+    if pins is not None:
+        return pins.load_file(path)
     import torch
     storage = torch.UntypedStorage.from_file(path, shared=False, nbytes=os.path.getsize(path))
     out = {}
@@ -223,12 +241,12 @@ def load(path: str, header: "files.Header") -> dict:
     return out
 
 
-def _open(path: str, what: str, loaded: dict) -> Tuple["files.Header", dict, list]:
+def _open(path: str, what: str, loaded: dict, pins=None) -> Tuple["files.Header", dict, list]:
     """File `path`'s header, tensors and mappings, loaded on its first use."""
     if path not in loaded:
         header = files.read_header(path, what)
         try:
-            tensors = load(path, header)
+            tensors = load(path, header, pins)
         except Exception as e:  # the loader's own message, with the file named
             raise files.FileError(f"{files.named(what, path)}: cannot be loaded: {e}") from e
         loaded[path] = (header, tensors, file_mappings(path))
@@ -248,16 +266,17 @@ def _mapped_pages(addr: int, entry: "files.TensorEntry", maps: List[Tuple[int, i
     return None
 
 
-def load_weights(models: dict) -> Tuple[Dict[str, Weight], Dict[str, tuple]]:
+def load_weights(models: dict, pins=None) -> Tuple[Dict[str, Weight], Dict[str, tuple]]:
     """Every layer of the spec's models ({"model/layer": Weight}) and the files
-    loaded for them (path -> header, tensors, mappings)."""
+    loaded for them (path -> header, tensors, mappings), by `pins`' load_file
+    when given."""
     weights: Dict[str, Weight] = {}
     loaded: Dict[str, Tuple[files.Header, dict, list]] = {}
     for model, m in models.items():
         for layer, parts in m["layers"].items():
             ts, ranges, mapped = [], [], []
             for path, name in parts:
-                header, tensors, maps = _open(path, m["what"], loaded)
+                header, tensors, maps = _open(path, m["what"], loaded, pins)
                 t, e = tensors[name], header.by_name[name]
                 ts.append(t)
                 ranges.append((path, e.begin, e.end))
@@ -493,7 +512,13 @@ class Replay:
         was_cached = w.key in self.cache.lru
         if filled:  # the pin's commit takes RAM from the page cache
             self.cache.shrink(self.memory.available(lora_bytes))
-        if self.cache.touch(w):
+        if filled and self.cache.take(w):  # Note [Demo page cache]: the pin took the layer from the cache
+            counts.page_cache_hit_bytes += w.nbytes
+        elif filled and not was_cached:  # read from the disk past the cache
+            counts.model_bytes_read += w.nbytes
+        elif filled:
+            counts.early_read_bytes += w.nbytes  # as below: the real pin read it a moment before the commit
+        elif self.cache.touch(w):
             counts.page_cache_hit_bytes += w.nbytes
         elif was_cached:
             # On the modelled machine the pin's commit pushed this layer out
@@ -526,11 +551,12 @@ def main(spec_path: str) -> int:
     device = torch.device(spec["device"])
     t_setup = time.perf_counter()
     io_start = read_bytes()
-    weights, loaded = load_weights(spec["models"])
+    memory = ModelledMemory(spec, device)  # pins' meminfo first: its runtime reads it on its first call
+    # Note [Demo page cache]: the runs with pins load through load_file.
+    weights, loaded = load_weights(spec["models"], memory.pins)
     patches = load_patches(spec["loras"])
     cached_after_drop = drop_files(weights, loaded)
     arena = DeviceArena(int(spec["machine"]["vram"]), device)
-    memory = ModelledMemory(spec, device)
     warm_up(weights, patches, arena, memory, device)
     replay = Replay(spec, device, weights, patches, arena, memory)
     setup_s = time.perf_counter() - t_setup

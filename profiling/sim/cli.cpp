@@ -34,6 +34,7 @@ const char* kUsage =
     "  --machine FIELD=VALUE   override a machine field, e.g. other_ram=6GiB (repeatable)\n"
     "  --conf TEXT             balancer configuration in PINS_CONF syntax, e.g. fast_disk:true\n"
     "  --no-relieve            no RAM-pressure check at node boundaries\n"
+    "  --buffered-fills        pins filled through the page cache (a loader's mapping), not as load_file fills them\n"
     "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n"
     "  --suite                 replay the generated scenario suite instead of a trace (docs/SIMULATOR.md\n"
     "                          \"The scenario suite\"): figures per policy against the oracle, mru and lru\n"
@@ -129,6 +130,7 @@ Options parse_args(const std::vector<std::string>& args) {
     else if (a == "--machine") o.machine.push_back(value());
     else if (a == "--conf") o.replay.conf = value();
     else if (a == "--no-relieve") o.replay.relieve = false;
+    else if (a == "--buffered-fills") o.replay.direct_fills = false;
     else if (a == "--mark") {
       const std::string v = value();
       if (v == "upfront") o.replay.mark_upfront = true;

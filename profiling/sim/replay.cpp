@@ -54,6 +54,15 @@ class PageCache {
     used_ += bytes;
     shrink(capacity);
   }
+  // Takes `key` out (a pin filled from the cache dropped it there); whether it was in.
+  bool take(uint64_t key) {
+    auto it = index_.find(key);
+    if (it == index_.end()) return false;
+    used_ -= it->second->second;
+    lru_.erase(it->second);
+    index_.erase(it);
+    return true;
+  }
   void shrink(uint64_t capacity) {
     while (used_ > capacity && !lru_.empty()) {
       used_ -= lru_.back().second;
@@ -130,6 +139,20 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
       rr.disk_s += static_cast<double>(a.bytes) / mach.disk_read_bw;
       cache.insert(a.storage, a.bytes, cache_capacity());
     };
+    // A new pin of a weight, filled from its file (Note [File-backed pins],
+    // csrc/files/mapped.h): from the page cache when it holds the weight, which
+    // then drops it, else from the disk without caching it. With
+    // --buffered-fills, through the page cache as an unpinned read.
+    const auto fill_source = [&](const Access& a) {
+      if (!o.direct_fills) return read_source(a);
+      if (a.kind != Kind::Weights) return;
+      if (cache.take(a.storage)) {
+        rr.page_cache_hit_bytes += a.bytes;
+        return;
+      }
+      rr.disk_bytes += a.bytes;
+      rr.disk_s += static_cast<double>(a.bytes) / mach.disk_read_bw;
+    };
     const auto to_device = [&](uint64_t bytes, bool locked) {
       rr.h2d_bytes += bytes;
       rr.h2d_s += static_cast<double>(bytes) / mach.h2d_bw;
@@ -165,7 +188,7 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
           rr.pin_misses++;
           rr.pin_fills++;
           cache.shrink(cache_capacity());
-          read_source(a);
+          fill_source(a);
           rr.copy_s += static_cast<double>(a.bytes) / mach.ram_copy_bw;  // source -> pin
           to_device(a.bytes, pool.is_locked(l.data()));
           l.filled();

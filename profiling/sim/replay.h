@@ -68,6 +68,10 @@ struct PolicyResult {
 struct ReplayOptions {
   bool relieve = true;         // Balancer::relieve() after set_active and end_prompt, as ops/ does (DESIGN.md "Budget")
   bool mark_upfront = true;    // mark_prompt(all the prompt's models) at its start; else each model at its first step
+  // A pin of a weight is filled from its file as pins.load_file's are: from
+  // the page cache when it holds the weight (which then drops it), else from
+  // the disk past the cache. False: through the page cache, as a plain read.
+  bool direct_fills = true;
   std::string conf;            // PINS_CONF-syntax overrides of the balancer's Config
 };
 
