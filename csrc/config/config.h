@@ -39,7 +39,7 @@ struct Config {
   bool mlock = false;                  // cpu backend: mlock extents
 
   // --- balancer (csrc/), see DESIGN.md "Budget" ---
-  PolicyKind policy = PolicyKind::Mru;
+  PolicyKind policy = PolicyKind::Trace;
   bool fast_disk = false;              // no new pins in the -loaded subsets
   uint64_t headroom = 4 * GiB;         // available RAM the balancer keeps free
   uint64_t pin_reserve = 2 * GiB;      // floor of the per-pin headroom max(headroom/2, this)

@@ -254,7 +254,7 @@ TEST(SimCli, Suite) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("seed 1, 8 scenarios"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("per pattern"), std::string::npos);
-  EXPECT_NE(r.out.find("\nRESULT policy=mru seed=1 scenarios=8 vs_oracle="), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nRESULT policy=trace seed=1 scenarios=8 vs_oracle="), std::string::npos) << r.out;
 
   const Result mixed = cli({"--suite", "--trace", "x.json"});
   EXPECT_EQ(mixed.rc, 2);

@@ -52,6 +52,7 @@ constexpr uint64_t U = 64 * MiB;  // one pin in these scenarios
 
 Config base_config() {
   Config c;
+  c.policy = PolicyKind::Mru;  // the order these scenarios spell out (trace, the default, follows it without a record)
   c.headroom = 4 * GiB;  // a new pin needs 2 GiB + its size available
   c.pin_slack = 0;
   c.relieve_slack = 0;

@@ -31,7 +31,7 @@ std::string error_of_base(const std::string& text, const Config& base) {
 TEST(Config, DefaultsMatchDesign) {
   const Config c = parse_config("");
   EXPECT_EQ(c.backend, BackendKind::Auto);
-  EXPECT_EQ(c.policy, PolicyKind::Mru);
+  EXPECT_EQ(c.policy, PolicyKind::Trace);  // docs/SIMULATOR.md "The default policy"
   EXPECT_FALSE(c.fast_disk);
   EXPECT_DOUBLE_EQ(c.ceiling_min, 0.40);
   EXPECT_DOUBLE_EQ(c.ceiling_max, 0.90);
@@ -267,7 +267,7 @@ TEST(Config, ReadsEnvironment) {
   ASSERT_EQ(testing::set_env("PINS_CONF", "policy:nope"), 0);
   EXPECT_THROW(config_from_env(), ValueError);
   testing::unset_env("PINS_CONF");
-  EXPECT_EQ(config_from_env().policy, PolicyKind::Mru);
+  EXPECT_EQ(config_from_env().policy, PolicyKind::Trace);
 }
 
 }  // namespace
