@@ -54,8 +54,8 @@ const Benchmark kBenchmarks[] = {
      "  --size SIZE   bytes of the bandwidth source, Note [Size syntax] (default: 512M); uses about 3x SIZE of "
      "RAM\n"
      "  --calls K     calls timed per repetition of the 4 KiB figures, averaged (default: 20000)\n"
-     "  --cold N      4 KiB sources of the cold content-check figures, each hit once per pass (default: 16384,\n"
-     "                2x 64 MiB with their pins: more than most last-level caches)\n"
+     "  --cold N      sources of 4 KiB of the cold content-check figures, and N/16 of 64 KiB, each hit once\n"
+     "                per pass (default: 16384: 2x 64 MiB each with their pins, more than most last-level caches)\n"
      "  --reps N      repetitions; medians count (default: 5)\n"},
     {"lowvram", &pins::bench::lowvram_main,
      "a lowvram loop: every layer cast to bf16 through pins, half the model fitting in the pin budget, against "
