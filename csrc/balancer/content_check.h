@@ -4,8 +4,9 @@
 // Note [Content check]
 // Writes that no version counter sees (an inference tensor written in place,
 // `.data`, numpy aliases, `untyped_storage().copy_()`: Note [Pin validity])
-// leave a pin holding bytes its source no longer has. So on a hit pins
-// compares a few small windows of the source with what the pin holds there;
+// leave a pin holding bytes its source no longer has. So, with the
+// `content_check` key on (off by default, below), a hit compares a few small
+// windows of the source with what the pin holds there;
 // when one differs the pin is dropped and made again, and the cast is served
 // with the source's bytes as they are now (counted as `content_mismatches`,
 // per model and subset).
@@ -46,9 +47,13 @@
 // source where /proc/self/pagemap cannot be read (nothing is sampled). Those
 // stay the caller's to report (Balancer::invalidate, a new signature).
 //
-// The check runs while the `content_check` key is on (the default); a pin
-// made while it was off has no windows and is never checked. Its cost per hit
-// is `pins-bench cast`'s "content check" line (docs/PERFORMANCE.md).
+// The check runs while the `content_check` key is on; it is off by default:
+// on a hit whose source is out of the caches and the TLB, as a weight's is
+// between two uses in a workflow, reading the windows adds more than the 0.2 us
+// a hit could take on for the check to be on by default (`pins-bench cast`: +0.02 us
+// hot, up to +0.2 us for a 4 KiB source cold, +0.3 to +0.55 us for a 64 KiB one,
+// whose windows lie in four pages; docs/PERFORMANCE.md "the content check"). A
+// pin made while it was off has no windows and is never checked.
 #pragma once
 
 #include <cstdint>

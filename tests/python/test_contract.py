@@ -16,6 +16,12 @@ def subset_pins(pins, model, subset):
     return pins.stats()[f"model.{model}.{subset}.pins"]
 
 
+@pytest.fixture
+def checked(pins):
+    """Note [Content check] on: the content_check key, off by default for its cost on a cold hit."""
+    pins.configure(content_check=True)
+
+
 # --- weights without a version counter -----------------------------------------------
 
 def test_weights_made_in_inference_mode_hit_from_the_second_cast(pins, model):
@@ -34,7 +40,7 @@ def test_weights_made_in_inference_mode_hit_from_the_second_cast(pins, model):
     assert delta(pins, before, "bypassed") == 0
 
 
-def test_an_inference_weight_written_in_place_is_fresh_without_invalidate(pins, model):
+def test_an_inference_weight_written_in_place_is_fresh_without_invalidate(pins, model, checked):
     with torch.inference_mode():  # as ComfyUI loads its models
         w = torch.randn(64, 1024)
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
@@ -59,8 +65,8 @@ def test_an_inference_weight_rewritten_in_place_is_fresh_after_invalidate(pins, 
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
     with torch.inference_mode():
         w.add_(1)  # no version counter sees this write
-    # By the contract the caller reports such a write: Note [Content check]
-    # catches this one, but not a write that misses its windows.
+    # By the contract the caller reports such a write: Note [Content check],
+    # off by default, would catch this one, not a write that misses its windows.
     assert pins.invalidate(w) == w.numel() * 4
     before = pins.stats()
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.ones(1024))
@@ -107,7 +113,7 @@ def _rewrite_the_file_under_its_mmap(w, tmp_path):
                                      _rewrite_through_untyped_storage, _rewrite_the_file_under_its_mmap],
                          ids=lambda f: f.__name__.lstrip("_"))
 def test_writes_no_version_counter_sees_are_fresh_after_invalidate(pins, model, rewrite, tmp_path):
-    pins.configure(content_check=False)  # what the contract promises without Note [Content check]
+    # The contract without Note [Content check] (off by default).
     if rewrite is _rewrite_the_file_under_its_mmap:
         (tmp_path / "weights.bin").write_bytes(np.zeros(512, dtype=np.float32).tobytes())
         w = torch.from_file(str(tmp_path / "weights.bin"), shared=True, size=512, dtype=torch.float32)
@@ -126,7 +132,8 @@ def test_writes_no_version_counter_sees_are_fresh_after_invalidate(pins, model, 
 @pytest.mark.parametrize("rewrite", [_rewrite_through_from_numpy, _rewrite_through_frombuffer,
                                      _rewrite_through_untyped_storage],
                          ids=lambda f: f.__name__.lstrip("_"))
-def test_whole_tensor_writes_no_version_counter_sees_are_caught_by_the_content_check(pins, model, rewrite, tmp_path):
+def test_whole_tensor_writes_no_version_counter_sees_are_caught_by_the_content_check(pins, model, checked, rewrite,
+                                                                                    tmp_path):
     w = torch.zeros(512)
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512))
     rewrite(w, tmp_path)
@@ -135,7 +142,7 @@ def test_whole_tensor_writes_no_version_counter_sees_are_caught_by_the_content_c
     assert delta(pins, before, "content_mismatches") == 1 and delta(pins, before, "misses") == 1
 
 
-def test_a_source_in_memory_torch_did_not_allocate_is_checked_too(pins, model):
+def test_a_source_in_memory_torch_did_not_allocate_is_checked_too(pins, model, checked):
     # numpy's memory: not torch's CPU allocator's, so pagemap says whether it is anonymous (it is).
     array = np.random.default_rng(0).random(4096, dtype=np.float32)
     w = torch.from_numpy(array)
@@ -146,7 +153,7 @@ def test_a_source_in_memory_torch_did_not_allocate_is_checked_too(pins, model):
     assert delta(pins, before, "content_mismatches") == 1
 
 
-def test_a_file_mapping_is_never_read_by_the_content_check(pins, model, tmp_path):
+def test_a_file_mapping_is_never_read_by_the_content_check(pins, model, checked, tmp_path):
     # Note [Content check]: its pages are a file's, and reading them could read the disk; a
     # file rewritten under a mapping other than load_file's stays the caller's to report.
     (tmp_path / "weights.bin").write_bytes(np.zeros(512, dtype=np.float32).tobytes())
@@ -160,7 +167,7 @@ def test_a_file_mapping_is_never_read_by_the_content_check(pins, model, tmp_path
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.full((512,), 7.0))
 
 
-def test_a_strided_inference_weight_written_in_place_is_fresh(pins, model):
+def test_a_strided_inference_weight_written_in_place_is_fresh(pins, model, checked):
     with torch.inference_mode():
         base = torch.randn(96, 160)
         views = [base.t(), base[:, 3:131], base[::2, ::5]]  # runs of one element, rows, both strided
@@ -175,19 +182,28 @@ def test_a_strided_inference_weight_written_in_place_is_fresh(pins, model):
     assert delta(pins, before, "content_mismatches") == len(views) and delta(pins, before, "hits") == 0
 
 
-def test_the_content_check_key_turns_the_check_off(pins, model):
+def test_the_content_check_is_off_by_default_and_its_key_turns_it_on(pins, model):
     with torch.inference_mode():
         w = torch.randn(4096)
-    old = pins.cast_to_device(w, "cpu", model=model)
+    old = pins.cast_to_device(w, "cpu", model=model)  # made with the check off: no windows
     with torch.inference_mode():
         w.add_(1)
-    pins.configure(content_check=False)
     before = pins.stats()
-    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), old), "off: the pin is served, as before the check"
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), old), "off: served from the pin (the contract)"
     assert delta(pins, before, "hits") == 1 and delta(pins, before, "content_mismatches") == 0
     pins.configure(content_check=True)
-    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
-    assert delta(pins, before, "content_mismatches") == 1
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), old), "a pin made while it was off: no windows"
+    pins.invalidate(w)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)  # made again, with windows
+    with torch.inference_mode():
+        w.add_(1)
+    before = pins.stats()
+    new = pins.cast_to_device(w, "cpu", model=model)
+    assert torch.equal(new, w) and delta(pins, before, "content_mismatches") == 1
+    pins.configure(content_check=False)  # turned off again: its pins are not compared
+    with torch.inference_mode():
+        w.add_(1)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), new)
 
 
 def test_set_to_another_storage_is_a_new_source(pins, model):

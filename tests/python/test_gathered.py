@@ -84,6 +84,7 @@ def test_a_stale_part_makes_the_group_stale(pins, model):
 
 
 def test_a_part_written_in_place_makes_the_group_stale_by_its_content(pins, model):
+    pins.configure(content_check=True)  # the pins fixture turns it off again after
     with torch.inference_mode():  # no version counter: Note [Content check] samples each part
         weight, bias = torch.randn(64, 32), torch.randn(64)
     pins.cast_many_to_device([weight, bias], "cpu", model=model)

@@ -1519,14 +1519,16 @@ class SampledGuard : public SourceGuard {
 };
 
 TEST(BalancerContentCheck, AHitOnAPinWhoseSourceWasWrittenIsAMissThatPinsAgainCounted) {
-  Fixture f(8);
+  Config c = base_config();
+  c.content_check = true;
+  Fixture f(8, c);
   const ModelId m = f.bal.register_model("m", "cpu");
   auto seen = std::make_shared<SampledGuard::Seen>();
   const auto guard = [&](bool content) -> std::unique_ptr<SourceGuard> {
     return std::make_unique<SampledGuard>(content, seen);
   };
   ASSERT_TRUE(fill(f.bal, f.req(m, 1, Kind::Weights, /*resident=*/true), guard));
-  EXPECT_EQ(seen->made_sampling.load(), 1) << "content_check is on by default: the guard samples";
+  EXPECT_EQ(seen->made_sampling.load(), 1) << "content_check is on: the guard samples";
   ASSERT_TRUE(f.bal.acquire(f.req(m, 1, Kind::Weights, true), guard).hit());
   EXPECT_EQ(seen->compared.load(), 1) << "a hit compares";
   seen->written = true;  // an inference tensor written in place: no version counter moved
@@ -1555,7 +1557,7 @@ TEST(BalancerContentCheck, AHitOnAPinWhoseSourceWasWrittenIsAMissThatPinsAgainCo
 
 TEST(BalancerContentCheck, TheKeyOffNeitherSamplesNorCompares) {
   Config c = base_config();
-  c.content_check = false;
+  ASSERT_FALSE(c.content_check) << "off by default";
   Fixture f(8, c);
   const ModelId m = f.bal.register_model("m", "cpu");
   auto seen = std::make_shared<SampledGuard::Seen>();
