@@ -3,14 +3,17 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "allocator/host_allocator.h"
+#include "csrc/balancer/content_check.h"
 #include "csrc/base/nvtx.h"
 #include "csrc/files/mapped.h"
+#include "csrc/files/os_files.h"
 #include "ops/common.h"
 
 namespace pins::ops {
@@ -58,35 +61,131 @@ uint64_t span_bytes(const at::Tensor& t) {
   return static_cast<uint64_t>(last + 1) * t.element_size();
 }
 
+// Note [Content check] for one source: where it lies (its storage, held
+// weakly by the guard, and the byte offset of its first element there) and
+// the windows sampled from it.
+struct SampledSource {
+  const c10::StorageImpl* storage = nullptr;
+  uint64_t offset = 0;
+  ContentSample sample;
+
+  // Asked on a hit, while the caller holds the source: the key matched, so
+  // its storage is this one, and alive.
+  bool holds() const {
+    if (storage->nbytes() < offset + sample.reach()) return false;  // resized under the pin
+    const char* data = static_cast<const char*>(storage->data());
+    return data != nullptr && sample.matches(data + offset);
+  }
+};
+
+// The windows of `t` (content_windows over its elements in order, fixed by
+// its key) as byte ranges from its first element: a contiguous source's as
+// they are; a strided one's each cut to the run of elements that lies
+// contiguous in its storage from the window's first element.
+std::vector<Window> source_windows(const at::Tensor& t, const PinKey& key) {
+  const uint64_t el = t.element_size();
+  std::vector<Window> windows = content_windows(static_cast<uint64_t>(t.numel()) * el, PinKeyHash{}(key));
+  if (t.is_contiguous()) return windows;
+  const int64_t dims = t.dim();
+  const int64_t inner = t.size(dims - 1);  // a non-contiguous tensor has at least one dimension
+  const bool rows = t.stride(dims - 1) == 1;
+  for (Window& w : windows) {
+    int64_t index = static_cast<int64_t>(w.offset / el), at = 0;
+    const int64_t first = index;
+    for (int64_t d = dims - 1; d >= 0; --d) {
+      at += (index % t.size(d)) * t.stride(d);
+      index /= t.size(d);
+    }
+    const int64_t run = rows ? std::min<int64_t>(static_cast<int64_t>(w.bytes / el), inner - first % inner) : 1;
+    w = Window{static_cast<uint64_t>(at) * el, static_cast<uint64_t>(run) * el};
+  }
+  return windows;
+}
+
+// Whether `t`'s storage came from torch's CPU allocator (malloc'd): anonymous
+// memory, no file behind it, so reading it reads no disk (but swap).
+bool from_cpu_allocator(const at::Tensor& t) {
+  const c10::DeleterFnPtr d = t.storage().data_ptr().get_deleter();
+  return d != nullptr &&
+         (d == c10::GetCPUAllocator()->raw_deleter() || d == c10::GetDefaultCPUAllocator()->raw_deleter());
+}
+
+// Note [Content check]: the windows of each source whose memory reads no
+// file, with their bytes: a source torch's CPU allocator made, or else one
+// whose window's pages are private anonymous memory in RAM now (one look at
+// pagemap for all of those).
+std::vector<SampledSource> sample_sources(c10::ArrayRef<at::Tensor> sources) {
+  struct Planned {
+    size_t source;
+    Window window;
+    bool known;  // in memory torch's allocator made: no need to ask pagemap
+  };
+  std::vector<Planned> planned;
+  std::vector<files::MemoryRange> ask;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const at::Tensor& t = sources[i];
+    if (t.numel() == 0) continue;
+    const bool known = from_cpu_allocator(t);
+    const char* base = static_cast<const char*>(t.const_data_ptr());
+    for (const Window& w : source_windows(t, source_part(t).key)) {
+      planned.push_back({i, w, known});
+      if (!known) ask.push_back({base + w.offset, w.bytes});
+    }
+  }
+  const std::vector<bool> anonymous = files::pages_in_anonymous_ram(ask);
+  std::vector<SampledSource> out;
+  size_t last = SIZE_MAX, asked = 0;
+  for (size_t k = 0; k < planned.size(); ++k) {
+    if (!planned[k].known && !anonymous[asked++]) continue;
+    const at::Tensor& t = sources[planned[k].source];
+    if (planned[k].source != last) {
+      last = planned[k].source;
+      out.push_back({t.storage().unsafeGetStorageImpl(), static_cast<uint64_t>(t.storage_offset()) * t.element_size(),
+                     ContentSample()});
+    }
+    out.back().sample.add(static_cast<const char*>(t.const_data_ptr()), planned[k].window.offset,
+                          planned[k].window.bytes);
+  }
+  return out;
+}
+
 // A pin's hold on its sources: a weak reference to each storage (a dead one
-// never matches, Note [Pin validity]) and, for a source in a file pins mapped,
-// the file's change count when the pin was made (Note [Changed files] in
-// csrc/files/mapped.h).
+// never matches, Note [Pin validity]), for a source in a file pins mapped the
+// file's change count when the pin was made (Note [Changed files] in
+// csrc/files/mapped.h), and the sampled windows of Note [Content check].
 class StorageGuard final : public SourceGuard {
  public:
   struct File {
     std::shared_ptr<files::FileWatch> watch;
     uint64_t changes = 0;
   };
-  StorageGuard(std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak, std::vector<File> files)
-      : weak_(std::move(weak)), files_(std::move(files)) {}
+  StorageGuard(std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak, std::vector<File> files,
+               std::vector<SampledSource> sampled)
+      : weak_(std::move(weak)), files_(std::move(files)), sampled_(std::move(sampled)) {}
   bool alive() const override {
     return std::none_of(weak_.begin(), weak_.end(), [](const auto& w) { return w.expired(); }) &&
            std::all_of(files_.begin(), files_.end(), [](const File& f) { return same(f, /*look=*/false); });
   }
-  bool current() override {
-    return std::all_of(files_.begin(), files_.end(), [](const File& f) { return same(f, /*look=*/true); });
+  SourceChange current(bool content) override {
+    for (const File& f : files_)
+      if (!same(f, /*look=*/true)) return SourceChange::File;
+    if (content)
+      for (const SampledSource& s : sampled_)
+        if (!s.holds()) return SourceChange::Content;
+    return SourceChange::None;
   }
 
  private:
   static bool same(const File& f, bool look) { return f.watch->changes(look) == f.changes; }
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_;
   std::vector<File> files_;
+  std::vector<SampledSource> sampled_;
 };
 
 // A weak hold on the storages of a pin's sources: alive while every one is,
-// and current while the files they lie in are unchanged.
-std::unique_ptr<SourceGuard> storage_guard(c10::ArrayRef<at::Tensor> sources) {
+// and current while the files they lie in are unchanged and, when `content`,
+// their sampled windows too.
+std::unique_ptr<SourceGuard> storage_guard(c10::ArrayRef<at::Tensor> sources, bool content) {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
   std::vector<const c10::StorageImpl*> seen;
   std::vector<StorageGuard::File> in_files;
@@ -100,7 +199,8 @@ std::unique_ptr<SourceGuard> storage_guard(c10::ArrayRef<at::Tensor> sources) {
     seen.push_back(impl);
     weak.push_back(t.storage().getWeakStorageImpl());
   }
-  return std::make_unique<StorageGuard>(std::move(weak), std::move(in_files));
+  return std::make_unique<StorageGuard>(std::move(weak), std::move(in_files),
+                                        content ? sample_sources(sources) : std::vector<SampledSource>());
 }
 
 }  // namespace
@@ -140,7 +240,7 @@ Lease lease_pin(const Request& r, c10::ArrayRef<at::Tensor> sources) {
   }
   // acquire() refuses a model that is not registered, naming r.op: one lock
   // round trip for the lookup, the check and the lease.
-  return translate([&] { return bal.acquire(r, [&] { return storage_guard(sources); }); });
+  return translate([&] { return bal.acquire(r, [&](bool content) { return storage_guard(sources, content); }); });
 }
 
 Lease lease_source(const at::Tensor& source, int64_t model, Kind kind, bool resident,

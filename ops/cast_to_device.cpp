@@ -33,9 +33,10 @@
 // contiguous. A pin serves a cast only while Note [Pin validity]
 // (csrc/balancer/registry.h) holds: same storage (held weakly), offset, size,
 // layout, version counter where the source has one (inference tensors have
-// none: pinned all the same), and the caller's signature. Writes the version
-// counter does not see are the caller's to report (pins::invalidate, a new
-// signature).
+// none: pinned all the same), and the caller's signature; on a hit, Note
+// [Content check] (csrc/balancer/content_check.h) compares a few windows of
+// the source with the pin. Other writes the version counter does not see are
+// the caller's to report (pins::invalidate, a new signature).
 #include <pins/ops/cast_to_device.h>
 
 #include <ATen/core/Tensor.h>

@@ -90,6 +90,7 @@ void insert_model(c10::Dict<std::string, int64_t>& d, const std::string& prefix,
     d.insert(sp + "invalidated", st.invalidated);
     d.insert(sp + "lock_drops", st.lock_drops);
     d.insert(sp + "inflight_skips", st.inflight_skips);
+    d.insert(sp + "content_mismatches", st.content_mismatches);
     for (int t = 0; t < kTiers; ++t) d.insert(sp + tier(t), st.evictions[t]);
   }
   d.insert(prefix + "id", m.id);
@@ -102,6 +103,7 @@ void insert_model(c10::Dict<std::string, int64_t>& d, const std::string& prefix,
   d.insert(prefix + "evictions", m.total.evictions_all());
   d.insert(prefix + "dropped", m.total.dropped);
   d.insert(prefix + "invalidated", m.total.invalidated);
+  d.insert(prefix + "content_mismatches", m.total.content_mismatches);
   d.insert(prefix + "refusals", m.refusals);
   insert_bypassed(d, prefix, m.bypassed, m.bypassed_all());
   d.insert(prefix + "active", static_cast<int64_t>(m.active));
@@ -143,6 +145,7 @@ c10::Dict<std::string, int64_t> stats_kernel() {
     d.insert("invalidated", bs.total.invalidated);
     d.insert("lock_drops", bs.total.lock_drops);
     d.insert("inflight_skips", bs.total.inflight_skips);
+    d.insert("content_mismatches", bs.total.content_mismatches);
     d.insert("refusals", bs.refusals);
     d.insert("busy_misses", bs.busy_misses);
     insert_bypassed(d, "", bs.bypassed, bs.bypassed_all());

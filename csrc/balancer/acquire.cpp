@@ -9,15 +9,19 @@
 
 namespace pins {
 
-Lease Balancer::acquire(const Request& r, const std::function<std::unique_ptr<SourceGuard>()>& make_guard) {
+Lease Balancer::acquire(const Request& r, const MakeGuard& make_guard) {
   std::vector<void*> stale;
   Lookup found = lookup(r, stale);
-  if (found.lease && !found.lease.current()) found = look_again(r, std::move(found), stale);
+  if (found.lease) {
+    // Outside mu_: Note [Changed files] may make a syscall, Note [Content check] reads the source.
+    const SourceChange change = found.lease.change(found.content_check);
+    if (change != SourceChange::None) found = look_again(r, std::move(found), change, stale);
+  }
   free_blocks(stale);  // stale pins dropped by either lookup, dead ones by the reclaim step
   if (found.served) return std::move(found.lease);
   void* block = admit(r, found.target, found.settled_at_read);
   if (block == nullptr) return {};
-  return create(r, found.target, found.reuse_gap, block, make_guard ? make_guard() : nullptr);
+  return create(r, found.target, found.reuse_gap, block, make_guard ? make_guard(found.content_check) : nullptr);
 }
 
 Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale, bool again) {
@@ -31,6 +35,7 @@ Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale, b
   }
   if (!again) table_.reclaim(kReclaimPerCall, stale);  // Note [Dead source reclaim]
   out.settled_at_read = gate_.settled();
+  out.content_check = config_.content_check;
   if (!again) out.reuse_gap = table_.record_access(m, r);
   // DESIGN.md: the streaming subset first, then an existing -loaded pin,
   // whatever the mode.
@@ -65,7 +70,8 @@ Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale, b
   return out;
 }
 
-Balancer::Lookup Balancer::look_again(const Request& r, Lookup stale_hit, std::vector<void*>& stale) {
+Balancer::Lookup Balancer::look_again(const Request& r, Lookup stale_hit, SourceChange change,
+                                      std::vector<void*>& stale) {
   Pin* p = stale_hit.lease.pin_;
   {
     MutexLock g(mu_);
@@ -74,6 +80,7 @@ Balancer::Lookup Balancer::look_again(const Request& r, Lookup stale_hit, std::v
       st.hits--;  // the cast did not hit after all: lookup() below counts what it is
       st.hit_bytes -= static_cast<int64_t>(p->bytes);
       st.dropped++;
+      if (change == SourceChange::Content) st.content_mismatches++;
       table_.unlink(p, stale);  // leased: detached, freed when the lease lets go
     }
   }

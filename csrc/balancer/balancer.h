@@ -61,8 +61,11 @@ class Lease {
   size_t bytes() const;
   Subset subset() const;
   bool hit() const { return hit_; }
-  // Its pin's guard is current (SourceGuard::current): may make a syscall.
-  bool current() const { return pin_->guard == nullptr || pin_->guard->current(); }
+  // What its pin's guard finds (SourceGuard::current; `content`: Note
+  // [Content check]): may make a syscall.
+  SourceChange change(bool content) const {
+    return pin_->guard == nullptr ? SourceChange::None : pin_->guard->current(content);
+  }
   // The pin was just created: the caller must write the source into data() and
   // then call filled(). A lease dropped before filled() drops the pin.
   bool needs_fill() const { return fill_; }
@@ -111,10 +114,12 @@ class Balancer {
   bool prompt_running() const PINS_EXCLUDES(mu_);
 
   // ---- the cast path (DESIGN.md "Choosing and creating a pin"; acquire.cpp)
-  // `make_guard` is called only when a pin is created. An empty lease means
-  // "copy from the source", counted under its Bypass reason.
-  Lease acquire(const Request& r, const std::function<std::unique_ptr<SourceGuard>()>& make_guard = {})
-      PINS_EXCLUDES(mu_);
+  // `make_guard` is called only when a pin is created, with whether the
+  // content_check key is on (the guard then samples the source: Note [Content
+  // check]). An empty lease means "copy from the source", counted under its
+  // Bypass reason.
+  using MakeGuard = std::function<std::unique_ptr<SourceGuard>(bool content)>;
+  Lease acquire(const Request& r, const MakeGuard& make_guard = {}) PINS_EXCLUDES(mu_);
   // Counts a cast without a model (a plain copy by request). Lock-free.
   void count_plain_copy() { plain_copies_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -198,15 +203,17 @@ class Balancer {
     Subset target = Subset::Weights;
     uint64_t settled_at_read = 0;  // Note [Budget reservation]: before admit()'s reading
     uint64_t reuse_gap = 0;        // Note [Reuse policy]: the key's prompt gap, for its pin
+    bool content_check = false;    // the content_check key when looked up (Note [Content check])
   };
   // Records the access (unless `again`) and looks the source up (the streaming
   // subset, then an existing -loaded pin), dropping stale pins into `stale`.
   Lookup lookup(const Request& r, std::vector<void*>& stale, bool again = false) PINS_EXCLUDES(mu_);
   // A hit whose pin is not current (SourceGuard::current, looked at outside
-  // mu_): the hit is taken back, the pin dropped (the lease, released here,
-  // frees it), and the source looked up again, a miss unless another thread
-  // pinned it meanwhile.
-  Lookup look_again(const Request& r, Lookup stale_hit, std::vector<void*>& stale) PINS_EXCLUDES(mu_);
+  // mu_, found `change`): the hit is taken back, the pin dropped (the lease,
+  // released here, frees it; a Content change counted), and the source looked
+  // up again, a miss unless another thread pinned it meanwhile.
+  Lookup look_again(const Request& r, Lookup stale_hit, SourceChange change, std::vector<void*>& stale)
+      PINS_EXCLUDES(mu_);
   // Makes room for a new pin of `r` in `target` within the budget and the
   // registration ceiling and allocates its block; nullptr (the bypass counted)
   // when the budget or the pool refuses.

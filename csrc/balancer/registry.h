@@ -70,21 +70,30 @@ struct SourcePart {
   bool operator==(const SourcePart&) const = default;
 };
 
+// What a look at a pin's source on a hit found (SourceGuard::current).
+enum class SourceChange {
+  None,     // the pin still holds the source's bytes, as far as the look can tell
+  File,     // the file the source is mapped from changed on disk (Note [Changed files])
+  Content,  // a sampled window of the source differs from the pin (Note [Content check])
+};
+
 // Whether a pin's source still exists and still holds what the pin holds. The
 // torch layer implements it with a weak reference to the source's storage, so
 // a pin never outlives (or is served for a new storage at the address of) a
-// dead one, and for a source in a mapped file with the file's change count
-// (Note [Changed files] in csrc/files/mapped.h). nullptr: always alive and
+// dead one, for a source in a mapped file with the file's change count (Note
+// [Changed files] in csrc/files/mapped.h), and with a sample of the source's
+// bytes (Note [Content check] in content_check.h). nullptr: always alive and
 // current (simulator).
 class SourceGuard {
  public:
   virtual ~SourceGuard() = default;
   // Cheap (no syscall): checked under the balancer's lock.
   virtual bool alive() const = 0;
-  // May look at what backs the source (a syscall, rate-limited): asked on a
-  // hit, outside the balancer's lock. False: the pin holds bytes the source no
-  // longer has.
-  virtual bool current() { return true; }
+  // Asked on a hit, outside the balancer's lock, while the caller holds the
+  // source: may look at what backs the source (a syscall, rate-limited) and,
+  // when `content`, compares the source's sampled windows with the pin's.
+  // Anything but None: the pin holds bytes the source no longer has.
+  virtual SourceChange current(bool /*content*/) { return SourceChange::None; }
 };
 
 enum class PinState { Filling, Live, Evicting };
@@ -109,8 +118,12 @@ const char* to_string(Bypass b);
 // guard: a dead storage never matches), byte offset, size and layout (the key),
 // the version counter where the source has one, and the caller's signature,
 // absent or not (a patch set for patches, a content signature for weights). A
-// gathered pin compares every part. Writes that bypass the version counter are
-// the caller's to report, with Balancer::invalidate or a new signature.
+// gathered pin compares every part. On a hit, outside the balancer's lock, the
+// guard's current() looks at what it can without the version counter: a
+// mapped file's changes (Note [Changed files]) and a few windows of the
+// source's bytes (Note [Content check]). Other writes that bypass the version
+// counter are the caller's to report, with Balancer::invalidate or a new
+// signature.
 struct Pin {
   PinKey key;
   Subset subset = Subset::Weights;
@@ -150,6 +163,7 @@ struct SubsetStats {
   int64_t invalidated = 0;     // COUNT of those, by invalidate() or invalidate_model()
   int64_t lock_drops = 0;      // COUNT page-lock drops (registration ceiling)
   int64_t inflight_skips = 0;  // COUNT eviction candidates skipped for a copy in flight or a lease
+  int64_t content_mismatches = 0;  // COUNT hits whose source's sampled bytes differed: dropped, made again
 
   int64_t evictions_all() const {  // COUNT evictions over every tier
     int64_t n = 0;
@@ -170,6 +184,7 @@ struct SubsetStats {
     invalidated += o.invalidated;
     lock_drops += o.lock_drops;
     inflight_skips += o.inflight_skips;
+    content_mismatches += o.content_mismatches;
     return *this;
   }
 };

@@ -148,6 +148,7 @@ const std::map<std::string, Setter>& setters() {
                                                {"trace", PolicyKind::Trace}, {"reuse", PolicyKind::Reuse}});
     };
     s["fast_disk"] = boolean(&Config::fast_disk);
+    s["content_check"] = boolean(&Config::content_check);
     s["ceiling_min"] = fraction(&Config::ceiling_min);
     s["ceiling_max"] = fraction(&Config::ceiling_max);
     s["monitor"] = boolean(&Config::monitor);
@@ -236,6 +237,7 @@ std::string format_config(const Config& c) {
   v["mlock"] = c.mlock ? "true" : "false";
   v["policy"] = to_string(c.policy);
   v["fast_disk"] = c.fast_disk ? "true" : "false";
+  v["content_check"] = c.content_check ? "true" : "false";
   v["ceiling_min"] = fraction_text(c.ceiling_min);
   v["ceiling_max"] = fraction_text(c.ceiling_max);
   v["monitor"] = c.monitor ? "true" : "false";

@@ -41,6 +41,7 @@ struct Config {
   // --- balancer (csrc/), see DESIGN.md "Budget" ---
   PolicyKind policy = PolicyKind::Trace;
   bool fast_disk = false;              // no new pins in the -loaded subsets
+  bool content_check = false;          // Note [Content check]: a hit compares a few windows of the source (cost: off)
   uint64_t headroom = 4 * GiB;         // available RAM the balancer keeps free
   uint64_t pin_reserve = 2 * GiB;      // floor of the per-pin headroom max(headroom/2, this)
   uint64_t pin_slack = 256 * MiB;      // extra freed when a pin needs room

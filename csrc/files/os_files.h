@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace pins::files {
 
@@ -80,5 +81,20 @@ bool pages_unwritten(const void* p, uint64_t n);
 // map_file() mapping, is in the system's page cache now (Linux: mincore);
 // always false on Windows, whose reads skip the cache anyway.
 bool pages_cached(const void* p, uint64_t n);
+
+// A range of memory: `n` bytes from `p`.
+struct MemoryRange {
+  const void* p = nullptr;
+  uint64_t n = 0;
+};
+
+// Note [Content check] (csrc/balancer/content_check.h): for each range,
+// whether every page it lies in is private anonymous memory in RAM now, so
+// that reading it reads neither a file nor swap (Linux: in /proc/self/pagemap,
+// present and neither a file's page nor shared; Windows: in a committed
+// private region, in the working set and not shared). False for every range
+// where the system cannot tell; an empty range is false. One open of pagemap
+// for all of them.
+std::vector<bool> pages_in_anonymous_ram(const std::vector<MemoryRange>& ranges);
 
 }  // namespace pins::files

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -178,6 +179,66 @@ bool pages_unwritten(const void* p, uint64_t n) {
   }
   ::close(fd);
   return clean;
+}
+
+namespace {
+
+// Note [Content check]: this process's /proc/self/pagemap, opened once (an
+// open costs more than the rest of a small pin's miss) and again in a child
+// of fork(), whose inherited descriptor reads the parent's pages: the
+// descriptor and the pid that opened it, in one atomic, so no lock is held
+// (none to inherit held across fork()). -1 where it cannot be opened.
+int pagemap() {
+  static std::atomic<uint64_t> cached{0};  // pid << 32 | (fd + 1); 0: none yet
+  const uint64_t pid = static_cast<uint32_t>(::getpid());
+  uint64_t seen = cached.load(std::memory_order_acquire);
+  if (seen != 0 && seen >> 32 == pid) return static_cast<int>(seen & 0xffffffffu) - 1;
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const uint64_t mine = pid << 32 | static_cast<uint64_t>(fd + 1);
+  while (!cached.compare_exchange_weak(seen, mine, std::memory_order_acq_rel)) {
+    if (seen != 0 && seen >> 32 == pid) {  // another thread of this process opened it first
+      ::close(fd);
+      return static_cast<int>(seen & 0xffffffffu) - 1;
+    }
+  }
+  // An inherited descriptor: no thread of this process had it from here.
+  if (seen != 0) ::close(static_cast<int>(seen & 0xffffffffu) - 1);
+  return fd;
+}
+
+}  // namespace
+
+std::vector<bool> pages_in_anonymous_ram(const std::vector<MemoryRange>& ranges) {
+  std::vector<bool> out(ranges.size(), false);
+  if (ranges.empty()) return out;
+  const int fd = pagemap();
+  if (fd < 0) return out;
+  uint64_t entries[64];
+  uint64_t held = 0, held_count = 0;  // entries[] holds the pages [held, held + held_count)
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    if (ranges[r].n == 0) continue;
+    const uint64_t first = reinterpret_cast<uintptr_t>(ranges[r].p) / kPage;
+    const uint64_t last = (reinterpret_cast<uintptr_t>(ranges[r].p) + ranges[r].n - 1) / kPage;
+    bool anonymous = true;
+    for (uint64_t page = first; anonymous && page <= last; ++page) {
+      if (page < held || page >= held + held_count) {  // windows in order share the pages read last
+        const uint64_t count = std::min<uint64_t>(64, last - page + 1);
+        const ssize_t got = ::pread(fd, entries, count * 8, static_cast<off_t>(page * 8));
+        held = page;
+        held_count = got == static_cast<ssize_t>(count * 8) ? count : 0;
+        if (held_count == 0) {
+          anonymous = false;
+          break;
+        }
+      }
+      const uint64_t e = entries[page - held];
+      const bool present = (e >> 63) & 1, file_or_shared = (e >> 61) & 1;
+      anonymous = present && !file_or_shared;  // a swapped page (bit 62) is not present
+    }
+    out[r] = anonymous;
+  }
+  return out;
 }
 
 }  // namespace pins::files

@@ -239,4 +239,36 @@ bool pages_unwritten(const void* p, uint64_t n) {
   return protections_unwritten(p, n) && working_set_unwritten(p, n);
 }
 
+std::vector<bool> pages_in_anonymous_ram(const std::vector<MemoryRange>& ranges) {
+  std::vector<bool> out(ranges.size(), false);
+  constexpr uint64_t kPage = 4096;
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    if (ranges[r].n == 0) continue;
+    const char* at = static_cast<const char*>(ranges[r].p);
+    const char* end = at + ranges[r].n;
+    // Committed private memory (VirtualAlloc's, the heap's): never a file's view or a shared section.
+    bool anonymous = true;
+    while (anonymous && at < end) {
+      MEMORY_BASIC_INFORMATION region{};
+      anonymous = VirtualQuery(at, &region, sizeof region) != 0 && region.State == MEM_COMMIT &&
+                  region.Type == MEM_PRIVATE;
+      at = static_cast<const char*>(region.BaseAddress) + region.RegionSize;
+    }
+    // In the working set now: not paged out to the paging file.
+    const uint64_t first = reinterpret_cast<uintptr_t>(ranges[r].p) / kPage;
+    const uint64_t last = (reinterpret_cast<uintptr_t>(ranges[r].p) + ranges[r].n - 1) / kPage;
+    for (uint64_t page = first; anonymous && page <= last;) {
+      PSAPI_WORKING_SET_EX_INFORMATION pages[64];
+      const uint64_t count = std::min<uint64_t>(64, last - page + 1);
+      for (uint64_t i = 0; i < count; ++i) pages[i].VirtualAddress = reinterpret_cast<void*>((page + i) * kPage);
+      anonymous = K32QueryWorkingSetEx(GetCurrentProcess(), pages, static_cast<DWORD>(count * sizeof pages[0]));
+      for (uint64_t i = 0; anonymous && i < count; ++i)
+        anonymous = pages[i].VirtualAttributes.Valid && !pages[i].VirtualAttributes.Shared;
+      page += count;
+    }
+    out[r] = anonymous;
+  }
+  return out;
+}
+
 }  // namespace pins::files

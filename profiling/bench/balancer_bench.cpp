@@ -164,7 +164,7 @@ class Population {
     return r;
   }
   void cast(const Request& r) {
-    Lease l = bal_.acquire(r, [] { return std::make_unique<LiveSource>(); });
+    Lease l = bal_.acquire(r, [](bool) { return std::make_unique<LiveSource>(); });
     if (!l) throw std::runtime_error("the balancer refused a pin with plenty of RAM");
     if (l.needs_fill()) l.filled();
   }

@@ -49,11 +49,13 @@ const Benchmark kBenchmarks[] = {
      "  --threads N   threads of the fill (default: files::kReadThreads, 4)\n"},
 #ifdef PINS_BENCH_WITH_TORCH
     {"cast", &pins::bench::cast_main,
-     "the pins::cast_to_device op: a hit on a 4 KiB pin and model=-1 against clone(), a 512 MiB hit against "
-     "at::empty + copy_ (CPU device)",
+     "the pins::cast_to_device op: a hit on a 4 KiB pin and model=-1 against clone(), the hit with the content "
+     "check off against on (hot, and cold over many sources), a 512 MiB hit against at::empty + copy_ (CPU device)",
      "  --size SIZE   bytes of the bandwidth source, Note [Size syntax] (default: 512M); uses about 3x SIZE of "
      "RAM\n"
      "  --calls K     calls timed per repetition of the 4 KiB figures, averaged (default: 20000)\n"
+     "  --cold N      sources of 4 KiB of the cold content-check figures, and N/16 of 64 KiB, each hit once\n"
+     "                per pass (default: 16384: 2x 64 MiB each with their pins, more than most last-level caches)\n"
      "  --reps N      repetitions; medians count (default: 5)\n"},
     {"lowvram", &pins::bench::lowvram_main,
      "a lowvram loop: every layer cast to bf16 through pins, half the model fitting in the pin budget, against "

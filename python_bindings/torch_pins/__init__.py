@@ -22,7 +22,11 @@ none and are pinned all the same) and the caller's ``signature``. A write that
 the version counter does not see (through ``.data``, a numpy alias, ``set_()``,
 ``untyped_storage().copy_()``, any in-place write to an inference tensor, a file
 rewritten under its mmap) is the caller's to report: :func:`invalidate`,
-:func:`invalidate_model`, or a new ``signature``.
+:func:`invalidate_model`, or a new ``signature``. With the ``content_check`` key
+on (off by default, for its cost), a hit also compares four 32-byte windows of
+the source with the pin and pins again when one differs
+(``stats()["content_mismatches"]``): a whole-tensor write is caught, a sparse
+one or one to a file mapping's pages is not.
 
 Errors: a bad value of an argument or of the configuration (a source that is not
 a dense, non-quantized CPU tensor, an unknown ``kind``, a negative byte count, a

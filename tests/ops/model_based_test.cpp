@@ -750,7 +750,8 @@ void World::op_configure() {
   std::ostringstream os;
   os << "policy:" << kPolicies[pick(4)] << ",fast_disk:" << (chance(0.2) ? "true" : "false")
      << ",headroom:" << kHeadroom[pick(6)] << ",pin_reserve:" << (chance(0.5) ? "2G" : "0")
-     << ",pin_slack:" << (chance(0.5) ? "256M" : "64K") << ",relieve_slack:" << (chance(0.5) ? "512M" : "0");
+     << ",pin_slack:" << (chance(0.5) ? "256M" : "64K") << ",relieve_slack:" << (chance(0.5) ? "512M" : "0")
+     << ",content_check:" << (chance(0.5) ? "true" : "false");  // Note [Content check]: never a stale hit either way
   if (!solo_) os << ",monitor:" << (chance(0.3) ? "true,monitor_interval_ms:5" : "false");
   note("configure " + os.str());
   pins::ops::configure(os.str());

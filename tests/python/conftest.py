@@ -6,7 +6,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python_bindings"))
 
-DEFAULTS = "policy:mru,fast_disk:false,headroom:4G,pin_reserve:2G,cap:0"
+DEFAULTS = "policy:mru,fast_disk:false,headroom:4G,pin_reserve:2G,cap:0,content_check:false"
 
 
 @pytest.fixture

@@ -16,6 +16,12 @@ def subset_pins(pins, model, subset):
     return pins.stats()[f"model.{model}.{subset}.pins"]
 
 
+@pytest.fixture
+def checked(pins):
+    """Note [Content check] on: the content_check key, off by default for its cost on a cold hit."""
+    pins.configure(content_check=True)
+
+
 # --- weights without a version counter -----------------------------------------------
 
 def test_weights_made_in_inference_mode_hit_from_the_second_cast(pins, model):
@@ -34,14 +40,33 @@ def test_weights_made_in_inference_mode_hit_from_the_second_cast(pins, model):
     assert delta(pins, before, "bypassed") == 0
 
 
+def test_an_inference_weight_written_in_place_is_fresh_without_invalidate(pins, model, checked):
+    with torch.inference_mode():  # as ComfyUI loads its models
+        w = torch.randn(64, 1024)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
+    with torch.inference_mode():
+        w.mul_(2)  # an inference tensor has no version counter: only Note [Content check] sees this
+    before = pins.stats()
+    out = pins.cast_to_device(w, "cpu", model=model)
+    assert torch.equal(out, w), "the pin served the bytes from before the write"
+    assert delta(pins, before, "hits") == 0 and delta(pins, before, "misses") == 1
+    assert delta(pins, before, "content_mismatches") == 1
+    assert delta(pins, before, f"model.{model}.content_mismatches") == 1
+    assert delta(pins, before, f"model.{model}.weights.content_mismatches") == 1
+    assert delta(pins, before, "dropped") == 1 and delta(pins, before, "pins") == 0, "re-pinned"
+    before = pins.stats()
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
+    assert delta(pins, before, "hits") == 1, "the new pin serves the next cast"
+
+
 def test_an_inference_weight_rewritten_in_place_is_fresh_after_invalidate(pins, model):
     with torch.inference_mode():
         w = torch.zeros(1024)
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
     with torch.inference_mode():
         w.add_(1)  # no version counter sees this write
-    # By the contract the caller reports such a write; the pin is not checked
-    # against the bytes, so without the next line pins may serve the old ones.
+    # By the contract the caller reports such a write: Note [Content check],
+    # off by default, would catch this one, not a write that misses its windows.
     assert pins.invalidate(w) == w.numel() * 4
     before = pins.stats()
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.ones(1024))
@@ -88,6 +113,7 @@ def _rewrite_the_file_under_its_mmap(w, tmp_path):
                                      _rewrite_through_untyped_storage, _rewrite_the_file_under_its_mmap],
                          ids=lambda f: f.__name__.lstrip("_"))
 def test_writes_no_version_counter_sees_are_fresh_after_invalidate(pins, model, rewrite, tmp_path):
+    # The contract without Note [Content check] (off by default).
     if rewrite is _rewrite_the_file_under_its_mmap:
         (tmp_path / "weights.bin").write_bytes(np.zeros(512, dtype=np.float32).tobytes())
         w = torch.from_file(str(tmp_path / "weights.bin"), shared=True, size=512, dtype=torch.float32)
@@ -101,6 +127,83 @@ def test_writes_no_version_counter_sees_are_fresh_after_invalidate(pins, model, 
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512))
     assert pins.invalidate(w) == 512 * 4
     assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.full((512,), 7.0))
+
+
+@pytest.mark.parametrize("rewrite", [_rewrite_through_from_numpy, _rewrite_through_frombuffer,
+                                     _rewrite_through_untyped_storage],
+                         ids=lambda f: f.__name__.lstrip("_"))
+def test_whole_tensor_writes_no_version_counter_sees_are_caught_by_the_content_check(pins, model, checked, rewrite,
+                                                                                    tmp_path):
+    w = torch.zeros(512)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512))
+    rewrite(w, tmp_path)
+    before = pins.stats()
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.full((512,), 7.0))  # no invalidate
+    assert delta(pins, before, "content_mismatches") == 1 and delta(pins, before, "misses") == 1
+
+
+def test_a_source_in_memory_torch_did_not_allocate_is_checked_too(pins, model, checked):
+    # numpy's memory: not torch's CPU allocator's, so pagemap says whether it is anonymous (it is).
+    array = np.random.default_rng(0).random(4096, dtype=np.float32)
+    w = torch.from_numpy(array)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
+    array *= 2  # through numpy: no version counter sees it
+    before = pins.stats()
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)
+    assert delta(pins, before, "content_mismatches") == 1
+
+
+def test_a_file_mapping_is_never_read_by_the_content_check(pins, model, checked, tmp_path):
+    # Note [Content check]: its pages are a file's, and reading them could read the disk; a
+    # file rewritten under a mapping other than load_file's stays the caller's to report.
+    (tmp_path / "weights.bin").write_bytes(np.zeros(512, dtype=np.float32).tobytes())
+    w = torch.from_file(str(tmp_path / "weights.bin"), shared=True, size=512, dtype=torch.float32)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512))
+    _rewrite_the_file_under_its_mmap(w, tmp_path)
+    before = pins.stats()
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.zeros(512)), "served from the pin"
+    assert delta(pins, before, "hits") == 1 and delta(pins, before, "content_mismatches") == 0
+    pins.invalidate(w)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), torch.full((512,), 7.0))
+
+
+def test_a_strided_inference_weight_written_in_place_is_fresh(pins, model, checked):
+    with torch.inference_mode():
+        base = torch.randn(96, 160)
+        views = [base.t(), base[:, 3:131], base[::2, ::5]]  # runs of one element, rows, both strided
+    assert not any(v.is_contiguous() for v in views)
+    for v in views:
+        assert torch.equal(pins.cast_to_device(v, "cpu", model=model), v)
+    with torch.inference_mode():
+        base.mul_(2)
+    before = pins.stats()
+    for v in views:
+        assert torch.equal(pins.cast_to_device(v, "cpu", model=model), v)
+    assert delta(pins, before, "content_mismatches") == len(views) and delta(pins, before, "hits") == 0
+
+
+def test_the_content_check_is_off_by_default_and_its_key_turns_it_on(pins, model):
+    with torch.inference_mode():
+        w = torch.randn(4096)
+    old = pins.cast_to_device(w, "cpu", model=model)  # made with the check off: no windows
+    with torch.inference_mode():
+        w.add_(1)
+    before = pins.stats()
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), old), "off: served from the pin (the contract)"
+    assert delta(pins, before, "hits") == 1 and delta(pins, before, "content_mismatches") == 0
+    pins.configure(content_check=True)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), old), "a pin made while it was off: no windows"
+    pins.invalidate(w)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), w)  # made again, with windows
+    with torch.inference_mode():
+        w.add_(1)
+    before = pins.stats()
+    new = pins.cast_to_device(w, "cpu", model=model)
+    assert torch.equal(new, w) and delta(pins, before, "content_mismatches") == 1
+    pins.configure(content_check=False)  # turned off again: its pins are not compared
+    with torch.inference_mode():
+        w.add_(1)
+    assert torch.equal(pins.cast_to_device(w, "cpu", model=model), new)
 
 
 def test_set_to_another_storage_is_a_new_source(pins, model):

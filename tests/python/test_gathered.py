@@ -77,10 +77,26 @@ def test_a_stale_part_makes_the_group_stale(pins, model):
         w_inf, b_inf = torch.randn(32, 8), torch.zeros(32)
     pins.cast_many_to_device([w_inf, b_inf], "cpu", model=model)
     with torch.inference_mode():
-        b_inf.fill_(2.0)  # not seen: the caller reports it
+        b_inf.fill_(2.0)  # no version counter sees it: the caller reports it (Note [Content check] might too)
     assert pins.invalidate(b_inf) == 32 * 8 * 4 + (-(32 * 8 * 4) % 512) + 32 * 4, "the whole group"
     _, b = pins.cast_many_to_device([w_inf, b_inf], "cpu", model=model)
     assert torch.equal(b, torch.full((32,), 2.0))
+
+
+def test_a_part_written_in_place_makes_the_group_stale_by_its_content(pins, model):
+    pins.configure(content_check=True)  # the pins fixture turns it off again after
+    with torch.inference_mode():  # no version counter: Note [Content check] samples each part
+        weight, bias = torch.randn(64, 32), torch.randn(64)
+    pins.cast_many_to_device([weight, bias], "cpu", model=model)
+    with torch.inference_mode():
+        bias.mul_(2)
+    before = pins.stats()
+    w, b = pins.cast_many_to_device([weight, bias], "cpu", model=model)
+    assert torch.equal(w, weight) and torch.equal(b, bias)
+    assert delta(pins, before, "content_mismatches") == 1 and delta(pins, before, "misses") == 1
+    before = pins.stats()
+    pins.cast_many_to_device([weight, bias], "cpu", model=model)
+    assert delta(pins, before, "hits") == 1
 
 
 def test_a_signature_applies_to_the_group(pins, model):

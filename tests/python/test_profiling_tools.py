@@ -228,10 +228,12 @@ def test_bench_balancer_policies_option_selects_them():
 
 def test_bench_cast_ends_with_overheads_and_bandwidth_ratio():
     needs_torch_benchmarks()
-    stdout, figures = run_bench("cast", "--size", "1M", "--calls", "50", "--reps", "2")
-    assert set(figures) == {"hit_overhead_us", "hit_ratio", "op_overhead_us", "op_ratio", "hit_bw_ratio"}
+    stdout, figures = run_bench("cast", "--size", "1M", "--calls", "50", "--reps", "2", "--cold", "64")
+    assert set(figures) == {"hit_overhead_us", "hit_ratio", "op_overhead_us", "op_ratio", "hit_bw_ratio", "check_us",
+                            "check_cold_us", "check_cold_64k_us"}
     assert all(figures[k] > 0 for k in ("hit_ratio", "op_ratio", "hit_bw_ratio")), figures
     assert "the same bytes" in stdout  # on a CPU-only machine a hit and a copy move the same bytes: said so
+    assert "content check: " in stdout and "content check, cold: " in stdout  # Note [Content check]: on against off
 
 
 def test_bench_lowvram_ends_with_pass_ratios_per_policy():

@@ -389,7 +389,7 @@ TEST(BalancerCastPath, StaleVersionOrDeadSourceNeverServes) {
   const ModelId m = f.bal.register_model("m", "cuda:0");
   Request r = f.req(m, 1);
   auto alive = std::make_shared<std::atomic<bool>>(true);
-  auto guard = [&] { return std::make_unique<FlagGuard>(alive); };
+  auto guard = [&](bool) { return std::make_unique<FlagGuard>(alive); };
   {
     Lease l = f.bal.acquire(r, guard);
     l.filled();
@@ -414,7 +414,7 @@ TEST(BalancerEviction, DeadSourcesGoBeforeAnyTier) {
   const ModelId m = f.bal.register_model("m", "cuda:0");
   auto alive = std::make_shared<std::atomic<bool>>(true);
   {
-    Lease l = f.bal.acquire(f.req(m, 1), [&] { return std::make_unique<FlagGuard>(alive); });
+    Lease l = f.bal.acquire(f.req(m, 1), [&](bool) { return std::make_unique<FlagGuard>(alive); });
     l.filled();
   }
   ASSERT_TRUE(f.cast(f.req(m, 2)));
@@ -1006,7 +1006,7 @@ TEST(BalancerBypass, EveryReasonIsCountedPerModelAndGlobally) {
   // raced: another cast pins the same source while this one made room.
   ASSERT_EQ(f.bal.free(2 * U, true), 2 * U);
   {
-    Lease outer = f.bal.acquire(f.req(m, 5), [&]() -> std::unique_ptr<SourceGuard> {
+    Lease outer = f.bal.acquire(f.req(m, 5), [&](bool) -> std::unique_ptr<SourceGuard> {
       EXPECT_TRUE(f.cast(f.req(m, 5)));  // the other thread's cast, inside this one's window
       return nullptr;
     });
@@ -1016,7 +1016,7 @@ TEST(BalancerBypass, EveryReasonIsCountedPerModelAndGlobally) {
   EXPECT_TRUE(f.has(m, 5, Subset::Weights));
   // forgotten: the model went while its pin was being made (global only).
   const int64_t refusals = f.bal.stats().refusals;
-  Lease orphan = f.bal.acquire(f.req(m, 6), [&]() -> std::unique_ptr<SourceGuard> {
+  Lease orphan = f.bal.acquire(f.req(m, 6), [&](bool) -> std::unique_ptr<SourceGuard> {
     f.bal.forget_model(m);
     return nullptr;
   });
@@ -1097,7 +1097,7 @@ Request small_req(ModelId m, uint64_t id, uint64_t bytes = 1 * MiB) {
   return r;
 }
 
-bool fill(Balancer& bal, const Request& r, std::function<std::unique_ptr<SourceGuard>()> guard = {}) {
+bool fill(Balancer& bal, const Request& r, const Balancer::MakeGuard& guard = {}) {
   Lease l = bal.acquire(r, guard);
   if (!l) return false;
   if (l.needs_fill()) l.filled();
@@ -1267,7 +1267,7 @@ TEST(BalancerReclaim, DeadSourcesGoWithinBoundedCallsWithoutABoundary) {
   std::vector<std::shared_ptr<std::atomic<bool>>> alive;
   for (int i = 0; i < kPins; ++i) {
     alive.push_back(std::make_shared<std::atomic<bool>>(true));
-    ASSERT_TRUE(fill(f.bal, small_req(m, 100 + i), [&, i] { return std::make_unique<CountingGuard>(alive[i], &calls); }));
+    ASSERT_TRUE(fill(f.bal, small_req(m, 100 + i), [&, i](bool) { return std::make_unique<CountingGuard>(alive[i], &calls); }));
   }
   ASSERT_TRUE(fill(f.bal, small_req(m, 1)));  // a live source without a guard, cast over and over
   std::mt19937 rng(12);
@@ -1319,7 +1319,7 @@ TEST(BalancerReclaim, NoDeadSourceOutlivesTheBoundUnderRandomDrops) {
         dead_since[k] = -1;
       }
       auto flag = alive[k];
-      ASSERT_TRUE(fill(f.bal, small_req(m, 100 + k), [flag] { return std::make_unique<FlagGuard>(flag); }));
+      ASSERT_TRUE(fill(f.bal, small_req(m, 100 + k), [flag](bool) { return std::make_unique<FlagGuard>(flag); }));
       for (int& d : dead_since)
         if (d >= 0) ++d;
     } else if (op < 8) {  // its source dies
@@ -1349,7 +1349,7 @@ TEST(BalancerReclaim, RelieveReclaimsWithoutAnyCast) {
   const ModelId m = f.bal.register_model("m", "cuda:0");
   auto alive = std::make_shared<std::atomic<bool>>(true);
   for (uint64_t i = 0; i < 20; ++i)
-    ASSERT_TRUE(fill(f.bal, small_req(m, i), [&] { return std::make_unique<FlagGuard>(alive); }));
+    ASSERT_TRUE(fill(f.bal, small_req(m, i), [&](bool) { return std::make_unique<FlagGuard>(alive); }));
   *alive = false;
   for (int i = 0; i < 20 / Balancer::kReclaimPerCall + 1; ++i) f.bal.relieve();
   EXPECT_EQ(f.count(m, Subset::Weights), 0);
@@ -1551,9 +1551,9 @@ class ChangingGuard : public SourceGuard {
   ChangingGuard(std::shared_ptr<std::atomic<bool>> changed, std::shared_ptr<std::atomic<int>> looks)
       : changed_(std::move(changed)), looks_(std::move(looks)) {}
   bool alive() const override { return true; }
-  bool current() override {
+  SourceChange current(bool) override {
     looks_->fetch_add(1);
-    return !changed_->load();
+    return changed_->load() ? SourceChange::File : SourceChange::None;
   }
 
  private:
@@ -1566,7 +1566,9 @@ TEST(BalancerChangedSource, AHitOnAPinThatIsNotCurrentIsAMissThatPinsAgain) {
   const ModelId m = f.bal.register_model("m", "cpu");
   auto changed = std::make_shared<std::atomic<bool>>(false);
   auto looks = std::make_shared<std::atomic<int>>(0);
-  const auto guard = [&]() -> std::unique_ptr<SourceGuard> { return std::make_unique<ChangingGuard>(changed, looks); };
+  const auto guard = [&](bool) -> std::unique_ptr<SourceGuard> {
+    return std::make_unique<ChangingGuard>(changed, looks);
+  };
   ASSERT_TRUE(fill(f.bal, f.req(m, 1), guard));  // made: no look
   EXPECT_EQ(looks->load(), 0);
   {
@@ -1591,6 +1593,114 @@ TEST(BalancerChangedSource, AHitOnAPinThatIsNotCurrentIsAMissThatPinsAgain) {
   EXPECT_EQ(f.bal.pins().size(), 1u);
   EXPECT_EQ(f.pool.stats().blocks.current, 1) << "the changed pin's block went back to the pool";
   f.pool.check_invariants();
+}
+
+// Note [Content check]: a guard whose source's sampled bytes differ once
+// `written` is set; it records whether it was made to sample and whether a
+// hit asked it to compare.
+class SampledGuard : public SourceGuard {
+ public:
+  struct Seen {
+    std::atomic<bool> written{false};
+    std::atomic<int> made_sampling{0}, made_plain{0}, compared{0}, looked{0};
+  };
+  SampledGuard(bool sampled, std::shared_ptr<Seen> seen) : sampled_(sampled), seen_(std::move(seen)) {
+    (sampled ? seen_->made_sampling : seen_->made_plain).fetch_add(1);
+  }
+  bool alive() const override { return true; }
+  SourceChange current(bool content) override {
+    seen_->looked.fetch_add(1);
+    if (!content || !sampled_) return SourceChange::None;
+    seen_->compared.fetch_add(1);
+    return seen_->written.load() ? SourceChange::Content : SourceChange::None;
+  }
+
+ private:
+  bool sampled_;
+  std::shared_ptr<Seen> seen_;
+};
+
+TEST(BalancerContentCheck, AHitOnAPinWhoseSourceWasWrittenIsAMissThatPinsAgainCounted) {
+  Config c = base_config();
+  c.content_check = true;
+  Fixture f(8, c);
+  const ModelId m = f.bal.register_model("m", "cpu");
+  auto seen = std::make_shared<SampledGuard::Seen>();
+  const auto guard = [&](bool content) -> std::unique_ptr<SourceGuard> {
+    return std::make_unique<SampledGuard>(content, seen);
+  };
+  ASSERT_TRUE(fill(f.bal, f.req(m, 1, Kind::Weights, /*resident=*/true), guard));
+  EXPECT_EQ(seen->made_sampling.load(), 1) << "content_check is on: the guard samples";
+  ASSERT_TRUE(f.bal.acquire(f.req(m, 1, Kind::Weights, true), guard).hit());
+  EXPECT_EQ(seen->compared.load(), 1) << "a hit compares";
+  seen->written = true;  // an inference tensor written in place: no version counter moved
+  {
+    Lease again = f.bal.acquire(f.req(m, 1, Kind::Weights, true), guard);
+    ASSERT_TRUE(again);
+    EXPECT_FALSE(again.hit());
+    EXPECT_TRUE(again.needs_fill()) << "the new pin is filled from the source as it is now";
+    again.filled();
+  }
+  seen->written = false;  // the new pin's sample is of the bytes as written
+  EXPECT_TRUE(f.bal.acquire(f.req(m, 1, Kind::Weights, true), guard).hit());
+  const SubsetStats st = f.bal.subset_stats(m, Subset::WeightsLoaded);
+  EXPECT_EQ(st.content_mismatches, 1);
+  EXPECT_EQ(st.dropped, 1);
+  EXPECT_EQ(st.hits, 2) << "the hit on the written pin was taken back";
+  EXPECT_EQ(st.misses, 2);
+  EXPECT_EQ(st.created, 2);
+  EXPECT_EQ(st.pins, 1);
+  const BalancerStats all = f.bal.stats();
+  EXPECT_EQ(all.total.content_mismatches, 1);
+  EXPECT_EQ(all.models.at(0).total.content_mismatches, 1);
+  EXPECT_EQ(all.subsets[static_cast<int>(Subset::Weights)].content_mismatches, 0);
+  EXPECT_EQ(f.pool.stats().blocks.current, 1) << "the written pin's block went back to the pool";
+}
+
+TEST(BalancerContentCheck, TheKeyOffNeitherSamplesNorCompares) {
+  Config c = base_config();
+  ASSERT_FALSE(c.content_check) << "off by default";
+  Fixture f(8, c);
+  const ModelId m = f.bal.register_model("m", "cpu");
+  auto seen = std::make_shared<SampledGuard::Seen>();
+  const auto guard = [&](bool content) -> std::unique_ptr<SourceGuard> {
+    return std::make_unique<SampledGuard>(content, seen);
+  };
+  ASSERT_TRUE(fill(f.bal, f.req(m, 1), guard));
+  EXPECT_EQ(seen->made_plain.load(), 1);
+  EXPECT_EQ(seen->made_sampling.load(), 0);
+  seen->written = true;
+  EXPECT_TRUE(f.bal.acquire(f.req(m, 1), guard).hit()) << "not compared: served as before the check";
+  EXPECT_EQ(seen->looked.load(), 1) << "the guard is still asked (Note [Changed files])";
+  EXPECT_EQ(seen->compared.load(), 0);
+  // Turned on: a pin made while it was off has no sample; a new one is compared.
+  c.content_check = true;
+  f.bal.configure(c);
+  EXPECT_TRUE(f.bal.acquire(f.req(m, 1), guard).hit());
+  ASSERT_TRUE(fill(f.bal, f.req(m, 2), guard));
+  EXPECT_EQ(seen->made_sampling.load(), 1);
+  EXPECT_FALSE(f.bal.acquire(f.req(m, 2), guard).hit());
+  EXPECT_EQ(f.bal.subset_stats(m, Subset::Weights).content_mismatches, 1);
+}
+
+TEST(BalancerContentCheck, AFileChangeIsNotCountedAsAContentMismatch) {
+  Fixture f(8);
+  const ModelId m = f.bal.register_model("m", "cpu");
+  auto changed = std::make_shared<std::atomic<bool>>(false);
+  auto looks = std::make_shared<std::atomic<int>>(0);
+  const auto guard = [&](bool) -> std::unique_ptr<SourceGuard> {
+    return std::make_unique<ChangingGuard>(changed, looks);
+  };
+  ASSERT_TRUE(fill(f.bal, f.req(m, 1), guard));
+  changed->store(true);
+  {
+    Lease again = f.bal.acquire(f.req(m, 1), guard);
+    ASSERT_TRUE(again && again.needs_fill());
+    again.filled();
+  }
+  const SubsetStats st = f.bal.subset_stats(m, Subset::Weights);
+  EXPECT_EQ(st.dropped, 1);
+  EXPECT_EQ(st.content_mismatches, 0);
 }
 
 }  // namespace

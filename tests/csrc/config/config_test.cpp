@@ -33,6 +33,7 @@ TEST(Config, DefaultsMatchDesign) {
   EXPECT_EQ(c.backend, BackendKind::Auto);
   EXPECT_EQ(c.policy, PolicyKind::Trace);  // docs/SIMULATOR.md "The default policy"
   EXPECT_FALSE(c.fast_disk);
+  EXPECT_FALSE(c.content_check);  // Note [Content check]: off, for its cost on a cold hit (docs/PERFORMANCE.md)
   EXPECT_DOUBLE_EQ(c.ceiling_min, 0.40);
   EXPECT_DOUBLE_EQ(c.ceiling_max, 0.90);
   EXPECT_EQ(c.ceiling_reserve, 4 * GiB);
@@ -46,7 +47,7 @@ TEST(Config, DefaultsMatchDesign) {
 TEST(Config, ParsesEveryKindOfValue) {
   const Config c = parse_config(
       " backend:null , policy:TRACE,fast_disk:true,headroom:6GiB,cap:512M,alignment:64,"
-      "ceiling_max:0.5,retain_free:0,mlock:off,segment_size:1g,system_root:/tmp/fixture,");
+      "ceiling_max:0.5,retain_free:0,mlock:off,segment_size:1g,system_root:/tmp/fixture,content_check:ON,");
   EXPECT_EQ(c.backend, BackendKind::Null);
   EXPECT_EQ(c.policy, PolicyKind::Trace);
   EXPECT_EQ(parse_config("policy:reuse").policy, PolicyKind::Reuse);
@@ -60,6 +61,7 @@ TEST(Config, ParsesEveryKindOfValue) {
   EXPECT_DOUBLE_EQ(c.ceiling_max, 0.5);
   EXPECT_EQ(c.retain_free, 0u);
   EXPECT_FALSE(c.mlock);
+  EXPECT_TRUE(c.content_check);
   EXPECT_EQ(c.segment_size, GiB);
   EXPECT_EQ(c.system_root, "/tmp/fixture");
 }
@@ -109,6 +111,7 @@ TEST(Config, ErrorsNameKeyAndValue) {
       {"backend:tpu", {"backend", "tpu", "cuda", "hip"}},
       {"policy:fifo", {"policy", "fifo", "trace"}},
       {"fast_disk:maybe", {"fast_disk", "maybe"}},
+      {"content_check:sometimes", {"content_check", "sometimes"}},
       {"mlock:2", {"mlock", "2"}},
       {"ceiling_min:1.5", {"ceiling_min", "1.5"}},
       {"ceiling_max:x", {"ceiling_max", "x"}},
@@ -218,7 +221,7 @@ TEST(Config, FormatReadsBackExactly) {
   EXPECT_EQ(parse_config(format_config(d)), d);
   const Config c = parse_config(
       "backend:null,segment_size:3M,extent_min:12345,alignment:64,cap:1.5G,retain_free:0,mlock:on,policy:trace,"
-      "fast_disk:1,headroom:256T,pin_reserve:7,pin_slack:1KB,relieve_slack:0,ceiling_min:0.1,"
+      "fast_disk:1,content_check:yes,headroom:256T,pin_reserve:7,pin_slack:1KB,relieve_slack:0,ceiling_min:0.1,"
       "ceiling_max:0.30000000000000004,ceiling_reserve:1,ceiling_swap_reserve:2,lock_hysteresis:3,monitor:yes,"
       "monitor_interval_ms:60000,memory_max_age_us:0,system_root:/tmp/a b:c");
   const std::string text = format_config(c);

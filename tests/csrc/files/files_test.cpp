@@ -12,6 +12,7 @@
 
 #include "csrc/base/check.h"
 #include "csrc/files/mapped.h"
+#include "csrc/files/os_files.h"
 #include "csrc/files/read.h"
 #include "tests/csrc/files/temp_file.h"
 
@@ -188,6 +189,28 @@ TEST(MappedFiles, AWrittenPageStopsTheFileFromBeingRead) {
   // Memory no mapping holds is not a file's.
   std::vector<char> heap(100);
   EXPECT_FALSE(fill_from_file(heap.data(), heap.size(), dst.data()));
+}
+
+// Note [Content check] (csrc/balancer/content_check.h): a hit's check reads a
+// window only where it lay in private anonymous memory in RAM, never a file's
+// page (which could read the disk).
+TEST(MemoryPages, OnlyPrivateAnonymousMemoryInRamCounts) {
+  std::vector<char> heap(3 * 4096, 'x');  // written: in RAM
+  TempFile f(5 * 4096, 6);
+  auto m = MappedFile::open(f.path);
+  char* p = m->data();
+  volatile char sink = p[4096 + 3];  // read: a page of the page cache, mapped
+  (void)sink;
+  const std::vector<bool> got = pages_in_anonymous_ram(
+      {{heap.data(), heap.size()}, {heap.data() + 5, 1}, {p, 10}, {p + 4096, 100}, {p + 4 * 4096, 8}, {heap.data(), 0}});
+  EXPECT_EQ(got, (std::vector<bool>{true, true, false, false, false, false}))
+      << "heap, heap, a file page never touched, a file page read, one never touched, an empty range";
+  EXPECT_TRUE(pages_in_anonymous_ram({}).empty());
+#ifndef _WIN32
+  p[2 * 4096] = static_cast<char>(p[2 * 4096] ^ 1);  // copy-on-write: now an anonymous page of this process
+  EXPECT_EQ(pages_in_anonymous_ram({{p + 2 * 4096, 8}}), std::vector<bool>{true});
+  EXPECT_EQ(pages_in_anonymous_ram({{p + 2 * 4096 - 4, 8}}), std::vector<bool>{false}) << "half on a file page";
+#endif
 }
 
 }  // namespace

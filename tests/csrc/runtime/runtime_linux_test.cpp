@@ -183,7 +183,7 @@ TEST_F(RuntimeTest, ForkWhileAThreadHoldsTheBalancerLock) {
   const ModelId m = bal.register_model("m", "cpu");
   std::atomic<bool> armed{false}, entered{false};
   {
-    Lease l = bal.acquire(pin_request(m, 7, 4096), [&] { return std::make_unique<SlowGuard>(&armed, &entered); });
+    Lease l = bal.acquire(pin_request(m, 7, 4096), [&](bool) { return std::make_unique<SlowGuard>(&armed, &entered); });
     ASSERT_TRUE(l);
     l.filled();
   }
