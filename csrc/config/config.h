@@ -21,14 +21,17 @@
 //   pin_reserve = headroom / 2
 // so a 16 GB machine keeps 1 GiB, 24 GiB keeps 1.5, 64 GB and more keep the
 // former fixed 4 GiB, and a container limited to 2 GiB keeps 512 MiB rather
-// than all of it. The simulator's suite reads 8-10% fewer disk bytes at these
-// than at a fixed 4 GiB (docs/SIMULATOR.md "The scenario suite"); the smaller
-// slack for other processes' bursts is covered by the pressure monitor, on by
-// default, which gives pins back within a poll period (monitor_interval_ms)
-// when available RAM falls below the headroom (docs/RELIABILITY.md "Memory
-// pressure from another process"). Config's own defaults (4 GiB, 2 GiB) are
-// what a configuration holds when the machine was not read: Config{}, the
-// tests, a trace whose machine sets its headroom.
+// than all of it. On the simulator's suite mru reads 6-11% fewer disk bytes at
+// these than at a fixed 4 GiB (seeds 1-5, docs/SIMULATOR.md "The scenario
+// suite"). The smaller slack for other processes' bursts is what the pressure
+// monitor, on by default, is for: it frees pins once available RAM falls
+// below the headroom, within a poll period (monitor_interval_ms) or at once
+// on a PSI trigger, where without it only a node boundary would
+// (docs/RELIABILITY.md "Memory pressure from another process"). Config's own
+// defaults (4 GiB, 2 GiB) are what a configuration holds where no machine was
+// read: Config{}, a runtime built from one (tests), a process whose meminfo
+// cannot be read. pins-sim builds its balancer the same way from the trace's
+// RAM: pin_reserve always, the headroom where the trace's machine sets none.
 #pragma once
 
 #include <cstdint>
