@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -303,18 +304,31 @@ std::string describe_source(ConfigSource s, const std::optional<DerivedBudget>& 
   return "?";
 }
 
+ConfigSources::ConfigSources(ConfigSource all) : by_key_(config_keys().size(), static_cast<unsigned char>(all)) {}
+
+size_t ConfigSources::index(std::string_view key) const {
+  const std::vector<std::string>& keys = config_keys();
+  const auto it = std::find(keys.begin(), keys.end(), key);
+  if (it == keys.end()) throw std::out_of_range(detail::cat("no configuration key '", key, "'"));
+  return static_cast<size_t>(it - keys.begin());
+}
+
+ConfigSource ConfigSources::at(std::string_view key) const { return static_cast<ConfigSource>(by_key_[index(key)]); }
+
+void ConfigSources::set(std::string_view key, ConfigSource s) { by_key_[index(key)] = static_cast<unsigned char>(s); }
+
 SourcedConfig sourced_config(std::string_view env_text, const std::optional<DerivedBudget>& derived) {
   SourcedConfig s;
   Config base;
-  for (const std::string& k : config_keys()) s.sources[k] = ConfigSource::Default;
   if (derived) {
     base.headroom = derived->headroom;
     base.pin_reserve = derived->pin_reserve;
-    s.sources["headroom"] = s.sources["pin_reserve"] = ConfigSource::Machine;
+    s.sources.set("headroom", ConfigSource::Machine);
+    s.sources.set("pin_reserve", ConfigSource::Machine);
     s.derived = derived;
   }
   s.config = parse_config(env_text, base);
-  for (const std::string& k : keys_set_by(env_text)) s.sources[k] = ConfigSource::Env;
+  for (const std::string& k : keys_set_by(env_text)) s.sources.set(k, ConfigSource::Env);
   return s;
 }
 

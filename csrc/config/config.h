@@ -35,7 +35,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -152,11 +151,28 @@ enum class ConfigSource {
 // from; it is ignored for the others. No ',' in any of them.
 std::string describe_source(ConfigSource s, const std::optional<DerivedBudget>& derived);
 
+// The source of every key's value, in config_keys() order. (Bytes inside, not
+// ConfigSource: a standard container instantiated on one of pins' enums is
+// exported from libpins.so, which exports the public API only.)
+class ConfigSources {
+ public:
+  explicit ConfigSources(ConfigSource all = ConfigSource::Default);
+  // The source of `key`; std::out_of_range for a key config_keys() lacks.
+  ConfigSource at(std::string_view key) const;
+  ConfigSource operator[](std::string_view key) const { return at(key); }
+  void set(std::string_view key, ConfigSource s);
+  size_t size() const { return by_key_.size(); }
+
+ private:
+  size_t index(std::string_view key) const;
+  std::vector<unsigned char> by_key_;
+};
+
 // A configuration and the source of each key's value.
 struct SourcedConfig {
   Config config;
-  std::map<std::string, ConfigSource> sources;  // every key of config_keys()
-  std::optional<DerivedBudget> derived;         // the machine's figures, where read
+  ConfigSources sources;                 // every key of config_keys()
+  std::optional<DerivedBudget> derived;  // the machine's figures, where read
 };
 
 // The process's configuration: `env_text` (PINS_CONF) over the defaults, with

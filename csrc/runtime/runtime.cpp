@@ -67,7 +67,7 @@ namespace {
 SourcedConfig given(const Config& c) {
   SourcedConfig s;
   s.config = c;
-  for (const std::string& k : config_keys()) s.sources[k] = ConfigSource::Given;
+  s.sources = ConfigSources(ConfigSource::Given);
   return s;
 }
 
@@ -164,7 +164,7 @@ void Runtime::configure(std::string_view conf) {
     const bool monitor_changed =
         inherited || next.monitor != config_.monitor || next.monitor_interval_ms != config_.monitor_interval_ms;
     config_ = next;
-    for (const std::string& k : set) sources_[k] = ConfigSource::Configure;
+    for (const std::string& k : set) sources_.set(k, ConfigSource::Configure);
     headroom_.store(next.headroom, std::memory_order_relaxed);
     pool_.set_cap(next.cap);
     probe_->set_max_age_ns(static_cast<int64_t>(next.memory_max_age_us) * 1000);
@@ -196,10 +196,7 @@ Config Runtime::config() const {
 std::vector<std::pair<std::string, std::string>> Runtime::config_sources() const {
   MutexLock g(mu_);
   std::vector<std::pair<std::string, std::string>> out;
-  for (const std::string& k : config_keys()) {
-    const auto it = sources_.find(k);
-    out.emplace_back(k, describe_source(it == sources_.end() ? ConfigSource::Default : it->second, derived_));
-  }
+  for (const std::string& k : config_keys()) out.emplace_back(k, describe_source(sources_.at(k), derived_));
   return out;
 }
 

@@ -35,7 +35,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -135,7 +134,7 @@ class Runtime {
   Config config_ PINS_GUARDED_BY(mu_);
   // Every key's source, as config_sources() says it, and what "derived from
   // the machine" was derived from.
-  std::map<std::string, ConfigSource> sources_ PINS_GUARDED_BY(mu_);
+  ConfigSources sources_ PINS_GUARDED_BY(mu_);
   const std::optional<DerivedBudget> derived_;
   // config_.headroom for the monitor's thread, which reads it lock-free (Note
   // [Fork safety]); written under mu_. Built before the monitor.

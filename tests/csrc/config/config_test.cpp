@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -342,8 +343,9 @@ TEST(ConfigSources, TheMachineGivesHeadroomAndPinReserveUnlessTheTextSetsThem) {
   EXPECT_EQ(s.config.headroom, 1 * GiB);
   EXPECT_EQ(s.config.pin_reserve, 512 * MiB);
   ASSERT_EQ(s.sources.size(), config_keys().size());
-  for (const auto& [k, src] : s.sources)
-    EXPECT_EQ(src, k == "headroom" || k == "pin_reserve" ? ConfigSource::Machine : ConfigSource::Default) << k;
+  for (const std::string& k : config_keys())
+    EXPECT_EQ(s.sources[k], k == "headroom" || k == "pin_reserve" ? ConfigSource::Machine : ConfigSource::Default) << k;
+  EXPECT_THROW(s.sources.at("nope"), std::out_of_range);
   EXPECT_EQ(describe_source(s.sources["headroom"], s.derived), "derived from the machine: RAM 16.00 GiB");
 
   s = sourced_config("headroom:3G,policy:trace", d);
