@@ -39,10 +39,13 @@
 // never below the pool's own retain_free. While the balancer frees for a new
 // pin, the pool keeps everything and the line is the pin's own
 // (pin_reserve_line): the pin that asked for room reuses it at once. Otherwise
-// (after a pin was made, after free() and relieve()) the line is the headroom:
-// idle memory never takes available RAM below the RAM-pressure line, where it
-// would be memory the page cache could hold, and relieve() gives it back
-// before it evicts any pin. A registration ceiling that is hit drops idle
+// (after a pin was made, after free() and a relieve() that found no pressure)
+// the line is the headroom: idle memory never takes available RAM below the
+// RAM-pressure line, where it would be memory the page cache could hold. A
+// relieve() under pressure gives idle memory back before it evicts any pin,
+// and its line is headroom + relieve_slack: the slack goes to the system, not
+// to the pool, or the next allocation elsewhere would take available RAM below
+// the headroom again at once. A registration ceiling that is hit drops idle
 // extents before it drops any pin's page-lock. A reading of no available RAM
 // at all gives every idle byte back whatever the line: it cannot say how far
 // past the RAM the process is (a new pin the idle extents could not hold was

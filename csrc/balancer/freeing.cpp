@@ -173,12 +173,20 @@ size_t Balancer::relieve() {
     MutexLock g(mu_);
     relieve_calls_++;
   }
-  // Note [Warm idle memory]: idle memory goes back before any pin.
-  gate_.keep_warm(mi, c.headroom);
+  // Note [Warm idle memory]: idle memory goes back before any pin. Under
+  // pressure, available RAM goes back to headroom + relieve_slack, idle memory
+  // first: the slack kept idle would leave it at the headroom, where another
+  // process's next allocation takes it below again before the next check.
+  if (relieve_shortfall(mi.available, c) == 0) {
+    gate_.keep_warm(mi, c.headroom);
+    return 0;
+  }
+  const uint64_t line = add_sat(c.headroom, c.relieve_slack);
+  gate_.keep_warm(mi, line);
   mi = gate_.memory();
-  const uint64_t shortfall = relieve_shortfall(mi.available, c);
-  if (shortfall == 0) return 0;
-  const size_t freed = free_along_tiers(relieve_free_goal(shortfall, c), Reach::SpareActive, c.headroom);
+  const uint64_t goal = sub_sat(line, mi.available);  // relieve_free_goal() less what idle memory gave
+  if (goal == 0) return 0;
+  const size_t freed = free_along_tiers(goal, Reach::SpareActive, line);
   MutexLock g(mu_);
   pressure_freed_ += static_cast<int64_t>(freed);
   return freed;

@@ -1,10 +1,13 @@
 #include "csrc/config/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -257,6 +260,78 @@ PoolOptions pool_options(const Config& c) {
   o.cap = c.cap;
   o.retain_free = c.retain_free;
   return o;
+}
+
+std::vector<std::string> keys_set_by(std::string_view text) {
+  std::vector<bool> set(config_keys().size(), false);
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (item.empty()) continue;
+    const std::string key = lower(trim(item.substr(0, item.find(':'))));
+    for (size_t i = 0; i < config_keys().size(); ++i) set[i] = set[i] || config_keys()[i] == key;
+  }
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < set.size(); ++i)
+    if (set[i]) keys.push_back(config_keys()[i]);
+  return keys;
+}
+
+DerivedBudget derive_budget(uint64_t ram, uint64_t cgroup_limit) {
+  DerivedBudget d;
+  d.basis = cgroup_limit != 0 && cgroup_limit <= ram ? BudgetBasis::CgroupLimit : BudgetBasis::Ram;
+  d.basis_bytes = d.basis == BudgetBasis::CgroupLimit ? cgroup_limit : ram;
+  const uint64_t r = d.basis_bytes;
+  d.headroom = std::min(std::clamp(r / 16, 1 * GiB, 4 * GiB), r / 4) / MiB * MiB;
+  d.pin_reserve = d.headroom / 2;
+  return d;
+}
+
+std::string describe_source(ConfigSource s, const std::optional<DerivedBudget>& derived) {
+  switch (s) {
+    case ConfigSource::Default: return "default";
+    case ConfigSource::Machine: {
+      if (!derived) return "derived from the machine";
+      char gib[32];
+      std::snprintf(gib, sizeof gib, "%.2f GiB", static_cast<double>(derived->basis_bytes) / static_cast<double>(GiB));
+      return detail::cat("derived from the machine: ",
+                         derived->basis == BudgetBasis::CgroupLimit ? "cgroup limit " : "RAM ", gib);
+    }
+    case ConfigSource::Env: return "PINS_CONF";
+    case ConfigSource::Configure: return "configure()";
+    case ConfigSource::Given: return "given";
+  }
+  return "?";
+}
+
+ConfigSources::ConfigSources(ConfigSource all) : by_key_(config_keys().size(), static_cast<unsigned char>(all)) {}
+
+size_t ConfigSources::index(std::string_view key) const {
+  const std::vector<std::string>& keys = config_keys();
+  const auto it = std::find(keys.begin(), keys.end(), key);
+  if (it == keys.end()) throw std::out_of_range(detail::cat("no configuration key '", key, "'"));
+  return static_cast<size_t>(it - keys.begin());
+}
+
+ConfigSource ConfigSources::at(std::string_view key) const { return static_cast<ConfigSource>(by_key_[index(key)]); }
+
+void ConfigSources::set(std::string_view key, ConfigSource s) { by_key_[index(key)] = static_cast<unsigned char>(s); }
+
+SourcedConfig sourced_config(std::string_view env_text, const std::optional<DerivedBudget>& derived) {
+  SourcedConfig s;
+  Config base;
+  if (derived) {
+    base.headroom = derived->headroom;
+    base.pin_reserve = derived->pin_reserve;
+    s.sources.set("headroom", ConfigSource::Machine);
+    s.sources.set("pin_reserve", ConfigSource::Machine);
+    s.derived = derived;
+  }
+  s.config = parse_config(env_text, base);
+  for (const std::string& k : keys_set_by(env_text)) s.sources.set(k, ConfigSource::Env);
+  return s;
 }
 
 Config config_from_env() {

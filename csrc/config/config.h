@@ -12,9 +12,30 @@
 // extent_min is at most kMaxExtentMin (64 MiB) and at most segment_size: an
 // extent is committed for a pin of any size, outside the balancer's budget of
 // that pin, so its size is bounded by what a small pin may cost.
+//
+// Note [Derived budget]
+// headroom and pin_reserve scale with the machine unless PINS_CONF (or a
+// configure()) sets them. From R, the RAM pins may use (MemTotal, or the
+// cgroup's memory limit where lower: MemoryInfo::total, csrc/system/sysmem.h):
+//   headroom    = min(clamp(R/16, 1 GiB, 4 GiB), R/4), rounded down to a MiB
+//   pin_reserve = headroom / 2
+// so a 16 GB machine keeps 1 GiB, 24 GiB keeps 1.5, 64 GB and more keep the
+// former fixed 4 GiB, and a container limited to 2 GiB keeps 512 MiB rather
+// than all of it. On the simulator's suite mru reads 6-11% fewer disk bytes at
+// these than at a fixed 4 GiB (seeds 1-5, docs/SIMULATOR.md "The scenario
+// suite"). The smaller slack for other processes' bursts is what the pressure
+// monitor, on by default, is for: it frees pins once available RAM falls
+// below the headroom, within a poll period (monitor_interval_ms) or at once
+// on a PSI trigger, where without it only a node boundary would
+// (docs/RELIABILITY.md "Memory pressure from another process"). Config's own
+// defaults (4 GiB, 2 GiB) are what a configuration holds where no machine was
+// read: Config{}, a runtime built from one (tests), a process whose meminfo
+// cannot be read. pins-sim builds its balancer the same way from the trace's
+// RAM: pin_reserve always, the headroom where the trace's machine sets none.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,8 +63,8 @@ struct Config {
   PolicyKind policy = PolicyKind::Trace;
   bool fast_disk = false;              // no new pins in the -loaded subsets
   bool content_check = false;          // Note [Content check]: a hit compares a few windows of the source (cost: off)
-  uint64_t headroom = 4 * GiB;         // available RAM the balancer keeps free
-  uint64_t pin_reserve = 2 * GiB;      // floor of the per-pin headroom max(headroom/2, this)
+  uint64_t headroom = 4 * GiB;         // available RAM the balancer keeps free; Note [Derived budget]
+  uint64_t pin_reserve = 2 * GiB;      // floor of the per-pin headroom max(headroom/2, this); ditto
   uint64_t pin_slack = 256 * MiB;      // extra freed when a pin needs room
   uint64_t relieve_slack = 512 * MiB;  // extra freed under RAM pressure
   double ceiling_min = 0.40;           // pin ceiling: max(min*R, min(max*R, R-reserve, R+swap-swap_reserve))
@@ -51,7 +72,7 @@ struct Config {
   uint64_t ceiling_reserve = 4 * GiB;
   uint64_t ceiling_swap_reserve = 16 * GiB;
   uint64_t lock_hysteresis = 2 * GiB;  // page-lock drops go this far under the ceiling
-  bool monitor = false;                // background thread that relieves RAM pressure
+  bool monitor = true;                 // background thread that relieves RAM pressure
   uint64_t monitor_interval_ms = 200;  // poll period when PSI is unavailable
   uint64_t memory_max_age_us = 5000;   // Note [Memory readings]: how long a reading of system memory stands
   std::string system_root = "/";       // where /proc and /sys are read (tests use fixtures); Linux only
@@ -80,7 +101,9 @@ Config parse_config(std::string_view text, Config base = {});
 // returns.
 std::string format_config(const Config& c);
 
-// Parses the PINS_CONF environment variable (defaults when unset).
+// Parses the PINS_CONF environment variable over Config's own defaults
+// (defaults when unset). The runtime derives headroom and pin_reserve from the
+// machine on top (sourced_config; Runtime::get() in csrc/runtime/runtime.h).
 Config config_from_env();
 
 // The host pool's part of `c` (its layout sizes and cap): the one place where
@@ -90,5 +113,73 @@ PoolOptions pool_options(const Config& c);
 
 // The closed set of keys, for error messages and documentation.
 const std::vector<std::string>& config_keys();
+
+// The keys `text` sets (PINS_CONF syntax), each once, in the order of
+// config_keys(); for a text parse_config accepted (it checks nothing: an entry
+// that names no key is left out).
+std::vector<std::string> keys_set_by(std::string_view text);
+
+// Note [Derived budget]: what R was read from.
+enum class BudgetBasis { Ram, CgroupLimit };
+
+struct DerivedBudget {
+  uint64_t headroom = 0;
+  uint64_t pin_reserve = 0;
+  BudgetBasis basis = BudgetBasis::Ram;
+  uint64_t basis_bytes = 0;  // R
+
+  friend bool operator==(const DerivedBudget&, const DerivedBudget&) = default;
+};
+
+// Note [Derived budget] for a machine of `ram` bytes (MemTotal) whose cgroup
+// limits this process to `cgroup_limit` bytes (0: no limit); the lower of the
+// two is R, and a limit not above `ram` is the basis (the runtime passes
+// MemoryInfo::total for both where MemoryInfo::cgroup_limited). A pure
+// function: no reading of the system.
+DerivedBudget derive_budget(uint64_t ram, uint64_t cgroup_limit);
+
+// Where a setting's value came from.
+enum class ConfigSource {
+  Default,    // Config's own default (csrc/config/config.h)
+  Machine,    // derived from the machine, Note [Derived budget]
+  Env,        // PINS_CONF
+  Configure,  // a configure() call (pins::configure, pins.configure)
+  Given,      // the Config a Runtime was built from (tests; the process's comes from PINS_CONF)
+};
+
+// "default", "derived from the machine: RAM 23.54 GiB" (or "cgroup limit ..."),
+// "PINS_CONF", "configure()", "given". `derived` is what Machine sources come
+// from; it is ignored for the others. No ',' in any of them.
+std::string describe_source(ConfigSource s, const std::optional<DerivedBudget>& derived);
+
+// The source of every key's value, in config_keys() order. (Bytes inside, not
+// ConfigSource: a standard container instantiated on one of pins' enums is
+// exported from libpins.so, which exports the public API only.)
+class ConfigSources {
+ public:
+  explicit ConfigSources(ConfigSource all = ConfigSource::Default);
+  // The source of `key`; std::out_of_range for a key config_keys() lacks.
+  ConfigSource at(std::string_view key) const;
+  ConfigSource operator[](std::string_view key) const { return at(key); }
+  void set(std::string_view key, ConfigSource s);
+  size_t size() const { return by_key_.size(); }
+
+ private:
+  size_t index(std::string_view key) const;
+  std::vector<unsigned char> by_key_;
+};
+
+// A configuration and the source of each key's value.
+struct SourcedConfig {
+  Config config;
+  ConfigSources sources;                 // every key of config_keys()
+  std::optional<DerivedBudget> derived;  // the machine's figures, where read
+};
+
+// The process's configuration: `env_text` (PINS_CONF) over the defaults, with
+// headroom and pin_reserve from `derived` where the text does not set them
+// (Note [Derived budget]). Throws pins::ValueError for a bad text, as
+// parse_config does.
+SourcedConfig sourced_config(std::string_view env_text, const std::optional<DerivedBudget>& derived);
 
 }  // namespace pins

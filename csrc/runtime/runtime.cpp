@@ -4,6 +4,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <cstdlib>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -31,6 +33,20 @@ LiveRuntimes& live_runtimes() {
 
 }  // namespace
 
+SourcedConfig process_config(const char* env_text) {
+  const std::string_view text = env_text != nullptr ? std::string_view(env_text) : std::string_view();
+  const Config c = parse_config(text);  // a bad text throws before anything is read
+  std::optional<DerivedBudget> derived;
+  try {
+    const MemoryInfo m = SystemMemoryProbe(c.system_root).read();
+    derived = derive_budget(m.total, m.cgroup_limited ? m.total : 0);
+  } catch (const ResourceError&) {
+    // No reading (a system root without meminfo): Config's fixed defaults stand,
+    // and the balancer's own first reading will say what is wrong.
+  }
+  return sourced_config(text, derived);
+}
+
 Runtime& Runtime::get() {
   // Never destroyed (see runtime.h). The fast path is one atomic load: the
   // allocator's deleter comes here for every freed tensor.
@@ -39,19 +55,36 @@ Runtime& Runtime::get() {
   MutexLock g(g_build_mu);
   Runtime* rt = instance.load(std::memory_order_relaxed);
   if (rt == nullptr) {
-    rt = new Runtime(config_from_env());  // a bad PINS_CONF throws: nothing stored, the next call tries again
+    // A bad PINS_CONF throws: nothing stored, the next call tries again.
+    rt = new Runtime(process_config(std::getenv("PINS_CONF")));
     instance.store(rt, std::memory_order_release);
   }
   return *rt;
 }
 
-Runtime::Runtime(const Config& c)
-    : config_(c),
-      headroom_(c.headroom),
-      pool_(make_backend(c.backend, c.mlock), pool_options(c)),
-      probe_(std::make_unique<SystemMemoryProbe>(c.system_root, static_cast<int64_t>(c.memory_max_age_us) * 1000)),
-      balancer_(std::make_unique<Balancer>(c, pool_, *probe_)),
-      monitor_(c.monitor ? start_monitor(c.monitor_interval_ms, c.system_root) : nullptr) {
+namespace {
+
+SourcedConfig given(const Config& c) {
+  SourcedConfig s;
+  s.config = c;
+  s.sources = ConfigSources(ConfigSource::Given);
+  return s;
+}
+
+}  // namespace
+
+Runtime::Runtime(const Config& c) : Runtime(given(c)) {}
+
+Runtime::Runtime(const SourcedConfig& sc)
+    : config_(sc.config),
+      sources_(sc.sources),
+      derived_(sc.derived),
+      headroom_(sc.config.headroom),
+      pool_(make_backend(sc.config.backend, sc.config.mlock), pool_options(sc.config)),
+      probe_(std::make_unique<SystemMemoryProbe>(sc.config.system_root,
+                                                 static_cast<int64_t>(sc.config.memory_max_age_us) * 1000)),
+      balancer_(std::make_unique<Balancer>(sc.config, pool_, *probe_)),
+      monitor_(sc.config.monitor ? start_monitor(sc.config.monitor_interval_ms, sc.config.system_root) : nullptr) {
   // Note [Fork safety]: handlers registered once, before the first Runtime is
   // listed; they find every Runtime through the list.
   static const int registered = at_fork(&Runtime::prepare_fork, &Runtime::after_fork, &Runtime::after_fork);
@@ -112,6 +145,7 @@ void Runtime::configure(std::string_view conf) {
   {
     MutexLock g(mu_);
     const Config next = parse_config(conf, config_);
+    const std::vector<std::string> set = keys_set_by(conf);
     const auto fixed = [&](bool same, const char* key) {
       PINS_CHECK_VALUE(same, "configure: '", key,
                        "' is a setting of the host pool, which exists already; set it through PINS_CONF before "
@@ -130,6 +164,7 @@ void Runtime::configure(std::string_view conf) {
     const bool monitor_changed =
         inherited || next.monitor != config_.monitor || next.monitor_interval_ms != config_.monitor_interval_ms;
     config_ = next;
+    for (const std::string& k : set) sources_.set(k, ConfigSource::Configure);
     headroom_.store(next.headroom, std::memory_order_relaxed);
     pool_.set_cap(next.cap);
     probe_->set_max_age_ns(static_cast<int64_t>(next.memory_max_age_us) * 1000);
@@ -156,6 +191,13 @@ void Runtime::configure(std::string_view conf) {
 Config Runtime::config() const {
   MutexLock g(mu_);
   return config_;
+}
+
+std::vector<std::pair<std::string, std::string>> Runtime::config_sources() const {
+  MutexLock g(mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& k : config_keys()) out.emplace_back(k, describe_source(sources_.at(k), derived_));
+  return out;
 }
 
 bool Runtime::monitor_running() const {

@@ -1,7 +1,8 @@
 // The process-wide pins state, and its one composition root: the configuration
-// (PINS_CONF, parsed once), the host pool, the system memory probe, the
-// balancer and, when configured, the RAM-pressure monitor. The torch ops and the
-// c10 allocator adapter (ops/) reach all of them through Runtime::get().
+// (PINS_CONF, parsed once, over a budget derived from the machine), the host
+// pool, the system memory probe, the balancer and, unless configured off, the
+// RAM-pressure monitor. The torch ops and the c10 allocator adapter (ops/)
+// reach all of them through Runtime::get().
 //
 // Note [Fork safety]
 // Applications fork (DataLoader workers, multiprocessing). A fork() child has
@@ -35,8 +36,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "csrc/balancer/balancer.h"
 #include "csrc/base/thread_safety.h"
@@ -47,12 +51,20 @@
 
 namespace pins {
 
+// The process's configuration from the text of PINS_CONF (`env_text`, null when
+// unset): headroom and pin_reserve derived from this machine's memory (RAM, or
+// the cgroup limit where lower) where the text does not set them (Note [Derived
+// budget] in csrc/config/config.h). Reads <system_root>/proc/meminfo and the
+// cgroup files once (SystemMemoryProbe); where that fails, Config's fixed
+// defaults stand. Throws pins::ValueError for a bad text.
+SourcedConfig process_config(const char* env_text);
+
 class Runtime {
  public:
-  // The process-wide instance, built on first use from PINS_CONF. A bad
-  // PINS_CONF throws pins::ValueError (and the next call tries again). It is
-  // never destroyed: tensors whose storage is a pool block may outlive static
-  // destruction.
+  // The process-wide instance, built on first use from PINS_CONF
+  // (process_config). A bad PINS_CONF throws pins::ValueError (and the next
+  // call tries again). It is never destroyed: tensors whose storage is a pool
+  // block may outlive static destruction.
   static Runtime& get();
 
   // A runtime of its own, from `c` (tests; the process uses get()). Builds the
@@ -61,6 +73,9 @@ class Runtime {
   // Throws pins::ValueError when the backend cannot be built, pins::ResourceError
   // when the monitor cannot start.
   explicit Runtime(const Config& c);
+  // The same from a configuration and its sources (what config_sources() says;
+  // Runtime(const Config&) says "given" for every key).
+  explicit Runtime(const SourcedConfig& sc);
   // Stops the monitor (joins its thread), then destroys the balancer (its pins
   // go back to the pool), the probe and the pool: no other block of the pool may
   // be live by then, and no other thread may be using the runtime.
@@ -82,6 +97,10 @@ class Runtime {
   // calls apply in some order, and the monitor ends as the last one set it.
   void configure(std::string_view conf) PINS_EXCLUDES(mu_);
   Config config() const PINS_EXCLUDES(mu_);
+  // Where each setting in force came from, every key in config_keys() order:
+  // (key, describe_source()), e.g. ("headroom", "derived from the machine: RAM
+  // 23.54 GiB"). A key a configure() text named says "configure()".
+  std::vector<std::pair<std::string, std::string>> config_sources() const PINS_EXCLUDES(mu_);
   // A monitor whose thread runs in this process (false in a fork child until
   // configure() starts the child's own, Note [Fork safety]).
   bool monitor_running() const PINS_EXCLUDES(mu_);
@@ -113,6 +132,10 @@ class Runtime {
   // monitor is built or destroyed (that starts or joins its thread).
   mutable Mutex mu_;
   Config config_ PINS_GUARDED_BY(mu_);
+  // Every key's source, as config_sources() says it, and what "derived from
+  // the machine" was derived from.
+  ConfigSources sources_ PINS_GUARDED_BY(mu_);
+  const std::optional<DerivedBudget> derived_;
   // config_.headroom for the monitor's thread, which reads it lock-free (Note
   // [Fork safety]); written under mu_. Built before the monitor.
   std::atomic<uint64_t> headroom_;

@@ -1,5 +1,6 @@
 #include "csrc/system/monitor.h"
 
+#include <algorithm>
 #include <system_error>
 
 #include "csrc/base/check.h"
@@ -69,27 +70,31 @@ void PressureMonitor::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void PressureMonitor::check() {
+bool PressureMonitor::check() {
   wakeups_.fetch_add(1, std::memory_order_relaxed);
   try {
     const MemoryInfo m = probe_.read();
     if (m.available < headroom_()) {
       triggers_.fetch_add(1, std::memory_order_relaxed);
       on_pressure_();
+      return true;
     }
   } catch (...) {
     // A throw here would end the process (std::terminate on a thread); the
     // monitor is advisory, so it counts the failure and checks again later.
     errors_.fetch_add(1, std::memory_order_relaxed);
   }
+  return false;
 }
 
 void PressureMonitor::run() {
   t_monitor = this;
   while (!stopping_.load()) {
-    check();
+    // Note [Pressure monitor wake-ups]: after a check that found pressure, the
+    // next comes sooner.
+    const std::chrono::milliseconds wait = check() ? std::min(interval_, kRecheck) : interval_;
     if (stopping_.load()) break;
-    if (signal_->wait(interval_) == PressureSignal::Woken::kWake) {
+    if (signal_->wait(wait) == PressureSignal::Woken::kWake) {
       // stop() asked, or someone else wrote (a fork child built before Note
       // [Monitor across fork]): go on unless stopping.
       if (stopping_.load()) break;

@@ -13,7 +13,14 @@
 //    (Note [Windows pressure notification]); uses_psi() then says that this
 //    signal, Windows' stand-in for PSI, is in use;
 //  - every `interval` in either mode, because RAM can run out slowly without
-//    any stall, which PSI alone would miss.
+//    any stall, which PSI alone would miss;
+//  - kRecheck (20 ms) after a check that found pressure, when that is sooner:
+//    a process that allocates faster than on_pressure() frees (the balancer's
+//    relief gives back relieve_slack past the headroom) keeps available RAM
+//    below the headroom past one relief, and would otherwise keep it there a
+//    whole interval more (the hog check, docs/RELIABILITY.md "Memory pressure
+//    from another process"). Under pressure that nothing relieves, that is 50
+//    checks a second, each a read of the probe and an on_pressure().
 // stop() wakes the thread through an eventfd (an event on Windows), so it
 // returns as soon as a check in progress (and its on_pressure()) finishes,
 // whatever the interval. A wake-up on the eventfd that stop() did not ask for
@@ -82,8 +89,11 @@ class PressureMonitor {
   uint64_t foreign_wakeups() const { return foreign_wakeups_.load(std::memory_order_relaxed); }
 
  private:
+  // Note [Pressure monitor wake-ups]: the soonest check after one that found pressure.
+  static constexpr std::chrono::milliseconds kRecheck{20};
+
   void run();
-  void check();
+  bool check();  // whether it found pressure (and called on_pressure)
   void abandon_inherited();  // Note [Monitor across fork]
 
   MemoryProbe& probe_;

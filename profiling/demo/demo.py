@@ -60,7 +60,6 @@ DEFAULT_POLICIES = ("none", "lru", "mru", "trace")  # reuse on request (--policy
 # whose machine is the full-size WAN trace's divided by 24. Used with that trace
 # unless --conf says otherwise; another trace gets the library's defaults.
 DEFAULT_TRACE_CONF = "pin_reserve:85MiB,pin_slack:11MiB,relieve_slack:21MiB"
-DEFAULT_PIN_RESERVE = 2 << 30  # csrc/config/config.h
 # Keys a model entry of a trace uses for its size; --files replaces them with "layers".
 _SIZE_KEYS = ("params", "group", "max_layer_bytes", "bytes_per_param", "layers", "bytes", "layer_count")
 USAGE_ERROR = 2
@@ -478,9 +477,11 @@ def replay_policy(policy: str, spec: dict, out_dir: str, progress: Progress, nru
     backend = "cuda" if spec["device"].startswith("cuda") else "cpu"
     root = os.path.join(out_dir, f"replay_{policy}_system")
     spec["system_root"] = root
-    # As pins-sim sets up its balancer: the trace's headroom, then --conf; its pool keeps no idle memory.
-    # A memory reading stands for DEMO_READING_AGE_US (Note [Demo machine]).
-    env["PINS_CONF"] = ",".join(filter(None, [f"backend:{backend}", "retain_free:0",
+    # As pins-sim sets up its balancer: the trace's headroom, then --conf; its pool keeps no idle memory,
+    # and no monitor relieves between node boundaries (pins-sim has none; its polls would make the replay
+    # depend on timing). pin_reserve, unless --conf sets it, pins derives from the modelled meminfo, as
+    # pins-sim does from the trace's RAM. A memory reading stands for DEMO_READING_AGE_US (Note [Demo machine]).
+    env["PINS_CONF"] = ",".join(filter(None, [f"backend:{backend}", "retain_free:0", "monitor:false",
                                               f"memory_max_age_us:{DEMO_READING_AGE_US}", f"system_root:{root}",
                                               f"policy:{policy if policy != 'none' else 'mru'}",
                                               f"headroom:{spec['machine']['headroom']}", conf]))
@@ -693,7 +694,7 @@ class Options(NamedTuple):
     sequence: Optional[str]
     runs: Optional[int]
     conf: str
-    pin_reserve: int
+    pin_reserve: Optional[int]  # --conf's; None: what pins derives from the modelled RAM
     plot: bool
 
 
@@ -712,10 +713,17 @@ def check_options(args: argparse.Namespace) -> Options:
         if _conf_value(conf, key) is not None:
             raise DemoError(f"--conf: key {key!r} is set by the demo itself (per replay), got {conf!r}")
     pin_reserve_text = _conf_value(conf, "pin_reserve")
-    pin_reserve = parse_size(pin_reserve_text, "--conf pin_reserve") if pin_reserve_text else DEFAULT_PIN_RESERVE
+    pin_reserve = parse_size(pin_reserve_text, "--conf pin_reserve") if pin_reserve_text else None
     return Options(trace_path=os.path.abspath(args.trace or os.path.join(_CHECKOUT, DEFAULT_TRACE)), out=out,
                    models_dir=os.path.abspath(args.models_dir or os.path.join(out, "models")), policies=policies,
                    sequence=args.sequence, runs=runs, conf=conf, pin_reserve=pin_reserve, plot=not args.no_plot)
+
+
+def derived_headroom(ram: int) -> int:
+    """The headroom pins derives from `ram` bytes of RAM (Note [Derived budget] in
+    csrc/config/config.h), which pins-sim gives a machine that sets none."""
+    mib = 1 << 20
+    return min(max(ram // 16, 1 << 30), 4 << 30, ram // 4) // mib * mib
 
 
 def modelled_machine(trace: dict, trace_path: str, args: argparse.Namespace) -> Dict[str, int]:
@@ -725,13 +733,16 @@ def modelled_machine(trace: dict, trace_path: str, args: argparse.Namespace) -> 
     for key in ("ram", "vram", "headroom", "other_ram"):
         if key not in machine and key in ("ram", "vram"):
             raise DemoError(f"--trace {trace_path!r}: machine.{key} is missing")
-        mach[key] = parse_size(machine.get(key, {"headroom": 4 << 30, "other_ram": 4 << 30}.get(key, 0)),
-                               f"--trace machine.{key}")
+        if key == "headroom" and key not in machine:
+            continue  # derived from the RAM below, as pins-sim does
+        mach[key] = parse_size(machine.get(key, {"other_ram": 4 << 30}.get(key, 0)), f"--trace machine.{key}")
     if args.ram_budget is not None:
         mach["ram"] = parse_size(args.ram_budget, "--ram-budget")
-        if mach["ram"] <= mach["other_ram"] + mach["headroom"]:
-            raise DemoError(f"--ram-budget: {args.ram_budget!r} leaves nothing for pins: the trace's other_ram "
-                            f"({gib(mach['other_ram'])} GiB) and headroom ({gib(mach['headroom'])} GiB) take it all")
+    if "headroom" not in machine:
+        mach["headroom"] = derived_headroom(mach["ram"])  # of the RAM --ram-budget set, as pins-sim's --machine
+    if args.ram_budget is not None and mach["ram"] <= mach["other_ram"] + mach["headroom"]:
+        raise DemoError(f"--ram-budget: {args.ram_budget!r} leaves nothing for pins: the trace's other_ram "
+                        f"({gib(mach['other_ram'])} GiB) and headroom ({gib(mach['headroom'])} GiB) take it all")
     if args.vram is not None:
         mach["vram"] = parse_size(args.vram, "--vram")
         if mach["vram"] == 0:
@@ -823,7 +834,8 @@ def replay_spec(opts: Options, dev, mach: Dict[str, int], trace: dict, plan: Lis
             spec_models[model] = {"what": "file", "layers": {
                 l: [[os.path.join(opts.models_dir, model, shard_name(l)), f"{l}.weight"]] for l in layers}}
     return {"device": str(dev), "reading_age_us": DEMO_READING_AGE_US, "machine": mach,
-            "pin_reserve": opts.pin_reserve, "models": spec_models,
+            "pin_reserve": opts.pin_reserve if opts.pin_reserve is not None else derived_headroom(mach["ram"]) // 2,
+            "models": spec_models,
             "model_order": [m["name"] for m in trace["models"]],
             "loras": {l: {"file": lora_paths.get(l), "tensors": t} for l, t in lora_layout.items()}, "runs": plan}
 

@@ -88,9 +88,13 @@ uint64_t lora_bytes(const Trace& t, const Prompt& p) {
 PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind, const ReplayOptions& o,
                              bool clairvoyant = false) {
   const Machine& mach = t.machine;
+  // As the runtime builds a process's configuration (Note [Derived budget]):
+  // pin_reserve from the machine's RAM, the headroom the trace's or derived
+  // the same way (Machine::headroom_derived), then --conf.
   Config base;
   base.policy = kind;
   base.headroom = mach.headroom;
+  base.pin_reserve = derive_budget(mach.ram, 0).pin_reserve;
   const Config c = parse_config(o.conf, base);
   PoolOptions po = pool_options(c);
   po.retain_free = 0;

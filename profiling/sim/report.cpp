@@ -120,6 +120,7 @@ ojson to_json(const Trace& t, const SequenceResult& r) {
                   {"ram_copy_bw", m.ram_copy_bw},
                   {"h2d_bw", m.h2d_bw},
                   {"headroom", m.headroom},
+                  {"headroom_derived", m.headroom_derived},
                   {"other_ram", m.other_ram},
                   {"swap", m.swap},
                   {"vram_reserve", m.vram_reserve}};
@@ -199,7 +200,7 @@ void print_table(std::ostream& os, const Trace& t, const SequenceResult& r) {
   const Sequence& s = *r.sequence;
   os << "trace " << t.name << " (" << t.path << ")\n";
   os << "machine: RAM " << gib(m.ram) << " GiB (other " << gib(m.other_ram) << ", headroom " << gib(m.headroom)
-     << "), VRAM " << gib(m.vram) << " GiB (reserve " << gib(m.vram_reserve) << "), disk "
+     << (m.headroom_derived ? " derived from RAM" : "") << "), VRAM " << gib(m.vram) << " GiB (reserve " << gib(m.vram_reserve) << "), disk "
      << fmt(m.disk_read_bw / 1e9, 1) << " GB/s, RAM copy " << fmt(m.ram_copy_bw / 1e9, 1) << " GB/s, H2D "
      << fmt(m.h2d_bw / 1e9, 1) << " GB/s\n";
   os << "sequence " << s.name << (s.description.empty() ? "" : ": " + s.description) << " (" << r.expansion.runs.size()

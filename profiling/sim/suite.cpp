@@ -147,7 +147,6 @@ class Generator {
                     {"disk_read_bw", pick<std::string>({"1.5GB/s", "3GB/s", "7GB/s"})},
                     {"ram_copy_bw", "10GB/s"},
                     {"h2d_bw", vram_gib >= 32 ? "50GB/s" : "25GB/s"},
-                    {"headroom", "4GiB"},
                     {"other_ram", std::to_string(other_mib) + "MiB"},
                     {"swap", 0},
                     {"vram_reserve", "1.5GiB"}};

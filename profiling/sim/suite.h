@@ -9,8 +9,9 @@
 // scenario is the same whatever the count and whichever thread replays it.
 // Its pattern is kPatterns[i % 8]: every pattern appears once in any eight
 // consecutive scenarios. The rest is drawn:
-//   machine    RAM 16-128 GiB, VRAM 8-48 GiB, other_ram 3-6 GiB, the
-//              balancer's default headroom
+//   machine    RAM 16-128 GiB, VRAM 8-48 GiB, other_ram 3-6 GiB, no
+//              headroom: the one pins derives from the RAM (Note [Derived
+//              budget], 1-4 GiB)
 //   workflows  one to three (by pattern), each a family: WAN 2.2 A14B (two
 //              experts), WAN 2.1 14B, Flux.1-dev, SDXL with and without the
 //              refiner (layers from the parameter list), or of plausible sizes

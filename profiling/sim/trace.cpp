@@ -14,6 +14,7 @@
 
 #include "csrc/base/size.h"
 #include "csrc/base/text.h"
+#include "csrc/config/config.h"
 
 namespace pins::sim {
 
@@ -248,7 +249,10 @@ void parse_machine(const Field& f, Machine& m) {
   m.disk_read_bw = f.at("disk_read_bw").bandwidth();
   m.ram_copy_bw = f.at("ram_copy_bw").bandwidth();
   m.h2d_bw = f.at("h2d_bw").bandwidth();
-  m.headroom = f.at("headroom").bytes();
+  // Note [Derived budget]: a machine without a headroom gets the one pins
+  // derives from its RAM.
+  m.headroom_derived = !f.has("headroom");
+  m.headroom = m.headroom_derived ? derive_budget(m.ram, 0).headroom : f.at("headroom").bytes();
   m.other_ram = f.has("other_ram") ? f.at("other_ram").bytes() : 4 * GiB;
   m.swap = f.has("swap") ? f.at("swap").bytes() : 0;
   m.vram_reserve = f.has("vram_reserve") ? f.at("vram_reserve").bytes() : 1229 * MiB;
@@ -531,9 +535,13 @@ void set_machine_field(Machine& m, const std::string& assignment) {
     if (!b) throw std::invalid_argument("--machine " + k + ": expected " + kBandwidthForm + ", got \"" + v + "\"");
     return *b;
   };
-  if (k == "ram") m.ram = size();
-  else if (k == "vram") m.vram = size();
-  else if (k == "headroom") m.headroom = size();
+  if (k == "ram") {
+    m.ram = size();
+    if (m.headroom_derived) m.headroom = derive_budget(m.ram, 0).headroom;  // the new RAM's
+  } else if (k == "headroom") {
+    m.headroom = size();
+    m.headroom_derived = false;
+  } else if (k == "vram") m.vram = size();
   else if (k == "other_ram") m.other_ram = size();
   else if (k == "swap") m.swap = size();
   else if (k == "vram_reserve") m.vram_reserve = size();

@@ -27,6 +27,7 @@ struct Machine {
   double ram_copy_bw = 0;     // bytes/s, one RAM-to-RAM copy (pin fill, pageable staging)
   double h2d_bw = 0;          // bytes/s, host-to-device from page-locked memory
   uint64_t headroom = 0;      // the balancer's headroom (Config::headroom)
+  bool headroom_derived = false;  // the trace sets none: derive_budget(ram) gives it (Note [Derived budget])
   uint64_t other_ram = 0;     // RAM the OS, the desktop and the application hold outside pins and page cache
   uint64_t swap = 0;          // swap size (the pin ceiling reads it)
   uint64_t vram_reserve = 0;  // device memory never given to weights (the app's minimum inference memory)

@@ -53,7 +53,7 @@ __all__ = [
     "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "end_node", "prompt",
     "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "load_file", "stats",
     "Stats",
-    "summary", "configure", "config", "library_path", "__version__",
+    "summary", "configure", "config", "config_sources", "library_path", "__version__",
 ]
 
 library_path = _library.library_path
@@ -317,3 +317,11 @@ def config() -> Dict[str, str]:
     its value as PINS_CONF writes it (sizes in bytes):
     ``pins.config()["policy"] == "mru"``."""
     return dict(part.split(":", 1) for part in _ops.config().split(",") if part)
+
+
+def config_sources() -> Dict[str, str]:
+    """Where each setting of :func:`config` came from, every key: ``"default"``,
+    ``"derived from the machine: RAM 23.54 GiB"`` (or ``cgroup limit``; for
+    ``headroom`` and ``pin_reserve``, which scale with the machine unless set),
+    ``"PINS_CONF"`` or ``"configure()"``."""
+    return dict(part.split(":", 1) for part in _ops.config_sources().split(",") if part)

@@ -1,6 +1,7 @@
 """``python -m torch_pins``: a small command line (also installed as ``torch-pins``).
 
-  stats      the library, its configuration and every counter of a fresh process
+  stats      the library, its configuration (every key, its value and where it
+             came from) and every counter of a fresh process
   simulate   the workflow simulator, pins-sim (arguments go to it)
   demo       what ``make demo`` runs: a workflow replayed through pins on real
              safetensors files (profiling/demo/demo.py of the checkout this
@@ -72,17 +73,26 @@ def cmd_stats(args: argparse.Namespace) -> int:
     path = pins.library_path()
     backend = sorted(k[len("backend."):] for k, v in s.items() if k.startswith("backend.") and v)
     conf = os.environ.get("PINS_CONF", "")
+    values, sources = pins.config(), pins.config_sources()
     if args.json:
         print(json.dumps({"version": pins.__version__, "library": path, "built_against": _library.built_against(path),
                           "torch": torch.__version__, "releases": _library.supported_releases(), "PINS_CONF": conf,
+                          "config": {k: {"value": v, "source": sources.get(k, "unknown")} for k, v in values.items()},
                           "backend": ",".join(backend), "counters": dict(s)}, indent=1, sort_keys=True))
         return 0
     print(f"torch-pins {pins.__version__}")
     print(f"library    {path} (built against torch {_library.built_against(path) or 'unknown'})")
     print(f"torch      {torch.__version__}")
     print(f"releases   {', '.join(_library.supported_releases()) or 'none in the package'} (the package's builds)")
-    print(f"PINS_CONF  {conf if conf else '(unset: the defaults of csrc/config/config.h)'}")
+    print(f"PINS_CONF  {conf if conf else '(unset)'}")
     print(f"backend    {','.join(backend) or 'unknown'}")
+    print()
+    # The configuration in force: `key value (source)`, sizes in bytes; the
+    # source is default, derived from the machine (headroom, pin_reserve), PINS_CONF.
+    print("configuration: key, value (sizes in bytes), where it came from")
+    width = max(map(len, values), default=0)
+    for k, v in values.items():
+        print(f"{k:<{width}} {v} ({sources.get(k, 'unknown')})")
     print()
     print(s)
     return 0
@@ -138,9 +148,10 @@ def parser() -> argparse.ArgumentParser:
                     "2 for a usage error or a tool that is not available here.")
     p.add_argument("--version", action="version", version=f"torch-pins {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    stats = sub.add_parser("stats", help="the library, configuration (PINS_CONF), backend and counters of a fresh process",
-                           description="Loads the library in this fresh process and prints its configuration "
-                                       "(PINS_CONF), backend and every counter of pins.stats().")
+    stats = sub.add_parser("stats", help="the library, configuration, backend and counters of a fresh process",
+                           description="Loads the library in this fresh process and prints PINS_CONF, the backend, "
+                                       "the configuration in force (one line `key value (source)` per key: default, "
+                                       "derived from the machine, or PINS_CONF) and every counter of pins.stats().")
     stats.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     stats.set_defaults(run=cmd_stats)
     for name, (run, dest, usage, help_text, description) in PASSTHROUGH.items():

@@ -53,6 +53,7 @@ const std::set<std::string> kOps = {
     "summary",
     "configure",
     "config",
+    "config_sources",
 };
 
 TEST(PinsOps, EveryOpIsRegisteredOnce) {
@@ -88,6 +89,7 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_NO_THROW(handle("pins::stats").typed<decltype(pins::ops::stats)>());
   EXPECT_NO_THROW(handle("pins::configure").typed<decltype(pins::ops::configure)>());
   EXPECT_NO_THROW(handle("pins::config").typed<decltype(pins::ops::config)>());
+  EXPECT_NO_THROW(handle("pins::config_sources").typed<decltype(pins::ops::config_sources)>());
   // The schema's defaults are the header's defaults.
   const c10::FunctionSchema& cast = handle("pins::cast_to_device").schema();
   ASSERT_EQ(cast.arguments().size(), 8u);
@@ -190,6 +192,36 @@ TEST(PinsOps, ConfigReadsBackThroughConfigure) {
   EXPECT_EQ(pins::ops::config(), before);
   EXPECT_NE(before.find("policy:"), std::string::npos) << before;
   EXPECT_NE(before.find("headroom:"), std::string::npos) << before;
+}
+
+// The keys of "key:value,..." in order.
+std::vector<std::string> keys_of(const std::string& text) {
+  std::vector<std::string> keys;
+  for (size_t start = 0; start < text.size();) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string entry = text.substr(start, comma - start);
+    keys.push_back(entry.substr(0, entry.find(':')));
+    start = comma + 1;
+  }
+  return keys;
+}
+
+// Every key of config() has its source (Note [Derived budget] for headroom and
+// pin_reserve), and a configure() names itself as the source of what it set.
+TEST(PinsOps, ConfigSourcesSayWhereEachSettingCameFrom) {
+  const std::string sources = pins::ops::config_sources();
+  EXPECT_EQ(keys_of(sources), keys_of(pins::ops::config())) << sources;
+  for (size_t start = 0; start < sources.size();) {
+    const size_t comma = std::min(sources.find(',', start), sources.size());
+    const std::string entry = sources.substr(start, comma - start);
+    const std::string source = entry.substr(entry.find(':') + 1);
+    EXPECT_TRUE(source == "default" || source == "PINS_CONF" || source == "configure()" ||
+                source.rfind("derived from the machine: ", 0) == 0)
+        << entry;
+    start = comma + 1;
+  }
+  pins::ops::configure("policy:mru");
+  EXPECT_NE(pins::ops::config_sources().find("policy:configure()"), std::string::npos) << pins::ops::config_sources();
 }
 
 TEST(PinsOps, ErrorsNameTheArgument) {

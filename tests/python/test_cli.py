@@ -2,6 +2,7 @@
 from the wheel, where the simulator is absent)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,76 @@ def test_stats_of_a_fresh_process_shows_configuration_backend_and_counters():
     out = cli("stats", "--json")
     s = json.loads(out.stdout)
     assert s["PINS_CONF"] == "" and s["counters"]["pins"] == 0 and s["counters"][f"backend.{s['backend']}"] == 1
+
+
+def _config_lines(stdout):
+    """The `key value (source)` lines of `stats`, as {key: (value, source)}."""
+    lines = stdout.splitlines()
+    start = lines.index("configuration: key, value (sizes in bytes), where it came from") + 1
+    config = {}
+    for line in lines[start:]:
+        if not line:
+            break
+        m = re.fullmatch(r"(\S+) +(\S+) \((.+)\)", line)
+        assert m, line
+        config[m.group(1)] = (m.group(2), m.group(3))
+    return config
+
+
+def _meminfo_total():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def test_stats_prints_every_key_with_its_value_and_source(tmp_path):
+    """One `key value (source)` line per key: PINS_CONF's keys say PINS_CONF,
+    headroom and pin_reserve are derived from the machine (Note [Derived
+    budget]) unless PINS_CONF sets them, the rest are defaults."""
+    out = cli("stats", PINS_CONF="backend:null,policy:lru,pin_reserve:300M")
+    assert out.returncode == 0, out.stderr
+    config = _config_lines(out.stdout)
+    import torch_pins
+    keys = list(torch_pins.config())  # this process's keys, in config()'s order
+    assert list(config) == keys
+    assert config["backend"] == ("null", "PINS_CONF")
+    assert config["policy"] == ("lru", "PINS_CONF")
+    assert config["pin_reserve"] == (str(300 << 20), "PINS_CONF")
+    assert config["monitor"] == ("true", "default")
+    headroom, source = config["headroom"]
+    assert re.fullmatch(r"derived from the machine: (RAM|cgroup limit) \d+\.\d\d GiB", source), source
+    total = _meminfo_total()
+    if total is not None and source.startswith("RAM"):
+        gib = total / (1 << 30)
+        assert source == f"derived from the machine: RAM {gib:.2f} GiB"
+        want = min(max(total // 16, 1 << 30), 4 << 30, total // 4) // (1 << 20) * (1 << 20)
+        assert int(headroom) == want
+    for key, (_, source) in config.items():
+        if key not in ("backend", "policy", "pin_reserve", "headroom"):
+            assert source == "default", (key, source)
+
+    # Set by PINS_CONF: said so; pin_reserve, unset, is the machine's.
+    out = cli("stats", PINS_CONF="backend:null,headroom:3G")
+    config = _config_lines(out.stdout)
+    assert config["headroom"] == (str(3 << 30), "PINS_CONF")
+    assert config["pin_reserve"][1].startswith("derived from the machine: ")
+    assert int(config["pin_reserve"][0]) == int(headroom) // 2
+
+    # A system root whose meminfo says 16 GiB: headroom 1 GiB, pin_reserve 512 MiB.
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text(f"MemTotal: {16 << 20} kB\nMemAvailable: {12 << 20} kB\n")
+    out = cli("stats", PINS_CONF=f"backend:null,system_root:{tmp_path}")
+    config = _config_lines(out.stdout)
+    assert config["headroom"] == (str(1 << 30), "derived from the machine: RAM 16.00 GiB")
+    assert config["pin_reserve"] == (str(512 << 20), "derived from the machine: RAM 16.00 GiB")
+
+    out = cli("stats", "--json", PINS_CONF="backend:null")
+    s = json.loads(out.stdout)
+    assert s["config"]["backend"] == {"value": "null", "source": "PINS_CONF"}
+    assert s["config"]["headroom"]["source"].startswith("derived from the machine: ")
+    assert set(s["config"]) == set(keys)
 
 
 @pytest.mark.skipif(not os.path.exists(SIM), reason="build/bin/pins-sim not built")

@@ -331,3 +331,28 @@ def test_bench_file_hit_ends_with_its_result_line():
     keys = dict(kv.split("=") for kv in last.split()[1:])
     assert last.startswith("RESULT ") and set(keys) == {"file_hit_us", "plain_hit_us", "file_hit_extra_us",
                                                         "file_hit_ratio"}, last
+
+
+def _hog_check():
+    """profiling/hog_check.py as a module (it is run by hand, never in CI:
+    docs/RELIABILITY.md "Memory pressure from another process")."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("hog_check", os.path.join(ROOT, "profiling", "hog_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hog_check_finds_the_episodes_below_a_line():
+    h = _hog_check()
+    samples = [(0.0, 5), (0.1, 3), (0.2, 2), (0.3, 6), (0.4, 4), (0.5, 1), (0.6, 1)]
+    assert h.episodes(samples, 4, 0.0, 1.0) == [(0.1, pytest.approx(0.2)), (0.5, math.inf)]
+    assert h.episodes(samples, 4, 0.3, 1.0) == [(0.5, math.inf)], "only episodes that begin in the window"
+    assert h.parse_size("8G") == 8 << 30 and h.parse_size("512MiB") == 512 << 20 and h.parse_size("4096") == 4096
+
+
+def test_hog_check_answers_help_without_running():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "hog_check.py"), "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "--machine" in out.stdout and "--no-monitor" in out.stdout

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "csrc/config/config.h"
+
 namespace pins::sim {
 namespace {
 
@@ -265,6 +267,30 @@ TEST(SimUnits, TraceSizesAndBandwidthsFollowTheSizeSyntax) {
   const std::string size = error_of([&] { set_machine_field(m, "ram=lots"); });
   EXPECT_NE(size.find("--machine ram: expected a size such as"), std::string::npos) << size;
   EXPECT_NE(size.find("got \"lots\""), std::string::npos) << size;
+}
+
+// Note [Derived budget]: a machine without a headroom gets the one pins derives
+// from its RAM, again when --machine changes the RAM; one the trace or
+// --machine sets stays.
+TEST(SimUnits, AMachineWithoutHeadroomDerivesItFromRam) {
+  const std::string fields = R"("ram": "16GiB", "vram": "8GiB", "disk_read_bw": "3GB/s", "ram_copy_bw": "10GB/s",
+                                "h2d_bw": "25GB/s")";
+  Machine m = machine_of(fields);
+  EXPECT_TRUE(m.headroom_derived);
+  EXPECT_EQ(m.headroom, 1 * GiB);
+  set_machine_field(m, "ram=48GiB");
+  EXPECT_EQ(m.headroom, 3 * GiB);
+  set_machine_field(m, "ram=128GiB");
+  EXPECT_EQ(m.headroom, derive_budget(128 * GiB, 0).headroom);
+  EXPECT_EQ(m.headroom, 4 * GiB);
+  set_machine_field(m, "headroom=512MiB");
+  EXPECT_FALSE(m.headroom_derived);
+  set_machine_field(m, "ram=24GiB");
+  EXPECT_EQ(m.headroom, 512 * MiB) << "a headroom set by --machine stays";
+
+  const Machine fixed = machine_of(fields + R"(, "headroom": "4GiB")");
+  EXPECT_FALSE(fixed.headroom_derived);
+  EXPECT_EQ(fixed.headroom, 4 * GiB);
 }
 
 }  // namespace

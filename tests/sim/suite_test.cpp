@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "csrc/config/config.h"
 
 namespace pins::sim {
 namespace {
@@ -55,6 +56,9 @@ TEST(SimSuite, EveryPatternInTenConsecutiveScenariosSeedChangesMostOften) {
     EXPECT_GE(s.trace.machine.vram, 8ull << 30);
     EXPECT_LE(s.trace.machine.vram, 48ull << 30);
     EXPECT_LE(s.trace.machine.vram, s.trace.machine.ram) << "no machine with more VRAM than RAM";
+    // The headroom pins derives from the RAM (Note [Derived budget]), not a fixed one.
+    EXPECT_TRUE(s.trace.machine.headroom_derived) << s.name;
+    EXPECT_EQ(s.trace.machine.headroom, derive_budget(s.trace.machine.ram, 0).headroom) << s.name;
     machines.insert(std::to_string(s.trace.machine.ram) + "/" + std::to_string(s.trace.machine.vram));
     for (const Model& m : s.trace.models) families.insert(m.name);
     if (s.pattern == Pattern::Rerun)

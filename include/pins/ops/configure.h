@@ -1,4 +1,4 @@
-// pins::configure (ops/configure.cpp).
+// pins::configure, pins::config, pins::config_sources (ops/configure.cpp).
 #pragma once
 
 #include <c10/util/string_view.h>
@@ -19,5 +19,12 @@ PINS_API void configure(c10::string_view conf);
 // key list (csrc/config/config.h), sizes in bytes. configure(config()) changes
 // nothing.
 PINS_API std::string config();
+
+// Where each setting in force came from, in the same syntax and order as
+// config(): "key:source,..." with source one of "default", "derived from the
+// machine: RAM 23.54 GiB" (or "cgroup limit ..."; headroom and pin_reserve
+// only, csrc/config/config.h Note [Derived budget]), "PINS_CONF",
+// "configure()". A source holds no ','; split each entry at its first ':'.
+PINS_API std::string config_sources();
 
 }  // namespace pins::ops

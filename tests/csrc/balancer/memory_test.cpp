@@ -123,6 +123,29 @@ TEST(BalancerWarmMemory, FreeKeepsAboveTheHeadroomAndRelieveGivesIdleMemoryBackF
   EXPECT_EQ(f.pool.committed_bytes(), U);
 }
 
+// Under RAM pressure relieve() gives the system its slack, idle memory first:
+// kept warm in the pool, it would leave available RAM at the headroom, and any
+// allocation elsewhere would take it below again before the next check (the
+// hog check, docs/RELIABILITY.md "Memory pressure from another process").
+TEST(BalancerWarmMemory, RelieveGivesTheSlackBackToTheSystem) {
+  Config c = config();
+  c.relieve_slack = 2 * U;
+  Fixture f(/*room_pins=*/38, /*max_age_ns=*/0, c);  // 2 GiB + 38U = 4 GiB + 6U free before pins
+  for (uint64_t k = 0; k < 6; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_EQ(f.bal.free(U), U);  // available 4 GiB + U: above the headroom, kept warm
+  EXPECT_EQ(f.pool.idle_bytes(), U);
+  // Short of the headroom by U: the idle pin's worth goes back, and so do
+  // enough pins for the slack too (available = 4 GiB + 2U), none of it kept idle.
+  f.probe.free_ = 4 * GiB + 5 * U;  // available = 4 GiB + 5U - 6U
+  EXPECT_EQ(f.bal.relieve(), 2 * U);
+  EXPECT_EQ(f.pool.idle_bytes(), 0u) << "the slack stayed in the pool";
+  EXPECT_EQ(f.probe.read().available, 4 * GiB + 2 * U);
+  // At the headroom or above, nothing moves, and idle memory stays warm.
+  EXPECT_EQ(f.bal.free(U), U);
+  EXPECT_EQ(f.bal.relieve(), 0u);
+  EXPECT_EQ(f.pool.idle_bytes(), U);
+}
+
 TEST(BalancerWarmMemory, BelowTheHeadroomFreeGivesTheMemoryBack) {
   Fixture f(/*room_pins=*/4, /*max_age_ns=*/0);  // available 2 GiB once the 4 pins exist
   for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(f.cast(k));

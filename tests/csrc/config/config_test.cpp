@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "csrc/base/check.h"
 #include "tests/csrc/config/env.h"
@@ -42,6 +46,12 @@ TEST(Config, DefaultsMatchDesign) {
   EXPECT_EQ(c.pin_slack, 256 * MiB);
   EXPECT_EQ(c.relieve_slack, 512 * MiB);
   EXPECT_EQ(c.lock_hysteresis, 2 * GiB);
+  // What a configuration holds where the machine was not read (Note [Derived
+  // budget]: the runtime derives both from the machine instead).
+  EXPECT_EQ(c.headroom, 4 * GiB);
+  EXPECT_EQ(c.pin_reserve, 2 * GiB);
+  EXPECT_TRUE(c.monitor) << "the pressure monitor is what makes the smaller derived headroom safe";
+  EXPECT_EQ(c.monitor_interval_ms, 200u);
 }
 
 TEST(Config, ParsesEveryKindOfValue) {
@@ -260,6 +270,119 @@ TEST(Config, PoolOptionsComeFromThePoolKeys) {
   EXPECT_EQ(d.cap, plain.cap);
   EXPECT_EQ(d.retain_free, plain.retain_free);
   EXPECT_STREQ(to_string(parse_config("backend:NULL").backend), "null");
+}
+
+// Note [Derived budget]: min(clamp(R/16, 1 GiB, 4 GiB), R/4), rounded down to
+// a MiB; pin_reserve half of it.
+TEST(DerivedBudget, ScalesWithRam) {
+  struct Case {
+    uint64_t ram, headroom;
+  };
+  for (const Case& k : {Case{128 * GiB, 4 * GiB}, {96 * GiB, 4 * GiB}, {64 * GiB, 4 * GiB}, {48 * GiB, 3 * GiB},
+                        {32 * GiB, 2 * GiB}, {24 * GiB, 1536 * MiB}, {16 * GiB, 1 * GiB}, {8 * GiB, 1 * GiB},
+                        {4 * GiB, 1 * GiB}, {2 * GiB, 512 * MiB}, {1 * GiB, 256 * MiB}, {0, 0}}) {
+    SCOPED_TRACE(k.ram);
+    const DerivedBudget d = derive_budget(k.ram, 0);
+    EXPECT_EQ(d.headroom, k.headroom);
+    EXPECT_EQ(d.pin_reserve, k.headroom / 2);
+    EXPECT_EQ(d.basis, BudgetBasis::Ram);
+    EXPECT_EQ(d.basis_bytes, k.ram);
+  }
+  // A 16 GB machine's MemTotal is below 16 GiB: the floor holds it at 1 GiB.
+  EXPECT_EQ(derive_budget(15'900'000'000, 0).headroom, 1 * GiB);
+  // This project's VM (MemTotal 24683792 kB): R/16 is 1506.5 MiB, rounded down.
+  EXPECT_EQ(derive_budget(24683792 * KiB, 0).headroom, 1506 * MiB);
+  EXPECT_EQ(derive_budget(24683792 * KiB, 0).pin_reserve, 753 * MiB);
+}
+
+TEST(DerivedBudget, ACgroupLimitBelowRamIsR) {
+  const DerivedBudget d = derive_budget(64 * GiB, 8 * GiB);
+  EXPECT_EQ(d.headroom, 1 * GiB);
+  EXPECT_EQ(d.basis, BudgetBasis::CgroupLimit);
+  EXPECT_EQ(d.basis_bytes, 8 * GiB);
+  const DerivedBudget small = derive_budget(64 * GiB, 2 * GiB);
+  EXPECT_EQ(small.headroom, 512 * MiB);
+  EXPECT_EQ(small.pin_reserve, 256 * MiB);
+  // A limit equal to RAM is the basis (the runtime's reading of a limited
+  // cgroup gives both as one number); one above it limits nothing.
+  EXPECT_EQ(derive_budget(6 * GiB, 6 * GiB).basis, BudgetBasis::CgroupLimit);
+  for (const uint64_t limit : {uint64_t{65} * GiB, uint64_t{1} * TiB, ~uint64_t{0}}) {
+    const DerivedBudget d = derive_budget(64 * GiB, limit);
+    EXPECT_EQ(d.basis, BudgetBasis::Ram);
+    EXPECT_EQ(d.headroom, 4 * GiB);
+  }
+}
+
+// Over every R, the headroom never falls as R grows, never exceeds a quarter of
+// R nor 4 GiB, and is a whole number of MiB within the configuration's bounds.
+TEST(DerivedBudget, MonotoneAndBounded) {
+  uint64_t last = 0;
+  for (uint64_t r = 0; r <= 300 * GiB; r += 97 * MiB + 12345) {
+    const DerivedBudget d = derive_budget(r, 0);
+    EXPECT_GE(d.headroom, last) << r;
+    EXPECT_LE(d.headroom, r / 4) << r;
+    EXPECT_LE(d.headroom, 4 * GiB) << r;
+    EXPECT_EQ(d.headroom % MiB, 0u) << r;
+    EXPECT_EQ(d.pin_reserve, d.headroom / 2) << r;
+    last = d.headroom;
+    Config c;
+    c.headroom = d.headroom;
+    c.pin_reserve = d.pin_reserve;
+    EXPECT_NO_THROW(parse_config("", c));
+  }
+  EXPECT_EQ(derive_budget(~uint64_t{0}, 0).headroom, 4 * GiB);
+}
+
+TEST(ConfigSources, KeysSetByAText) {
+  EXPECT_EQ(keys_set_by(""), std::vector<std::string>{});
+  // config_keys() order, each once, case-insensitive, spaces and empty entries ignored.
+  EXPECT_EQ(keys_set_by(" POLICY:lru,,headroom:1G, policy:mru ,cap:0"),
+            (std::vector<std::string>{"cap", "headroom", "policy"}));
+}
+
+TEST(ConfigSources, TheMachineGivesHeadroomAndPinReserveUnlessTheTextSetsThem) {
+  const DerivedBudget d = derive_budget(16 * GiB, 0);
+  SourcedConfig s = sourced_config("", d);
+  EXPECT_EQ(s.config.headroom, 1 * GiB);
+  EXPECT_EQ(s.config.pin_reserve, 512 * MiB);
+  ASSERT_EQ(s.sources.size(), config_keys().size());
+  for (const std::string& k : config_keys())
+    EXPECT_EQ(s.sources[k], k == "headroom" || k == "pin_reserve" ? ConfigSource::Machine : ConfigSource::Default) << k;
+  EXPECT_THROW(s.sources.at("nope"), std::out_of_range);
+  EXPECT_EQ(describe_source(s.sources["headroom"], s.derived), "derived from the machine: RAM 16.00 GiB");
+
+  s = sourced_config("headroom:3G,policy:trace", d);
+  EXPECT_EQ(s.config.headroom, 3 * GiB);
+  EXPECT_EQ(s.config.pin_reserve, 512 * MiB) << "pin_reserve is still the machine's";
+  EXPECT_EQ(s.config.policy, PolicyKind::Trace);
+  EXPECT_EQ(s.sources["headroom"], ConfigSource::Env);
+  EXPECT_EQ(s.sources["policy"], ConfigSource::Env);
+  EXPECT_EQ(s.sources["pin_reserve"], ConfigSource::Machine);
+  EXPECT_EQ(s.sources["cap"], ConfigSource::Default);
+
+  // No reading of the machine: Config's fixed defaults, said to be defaults.
+  s = sourced_config("", std::nullopt);
+  EXPECT_EQ(s.config, Config{});
+  EXPECT_EQ(s.sources["headroom"], ConfigSource::Default);
+
+  const SourcedConfig limited = sourced_config("", derive_budget(64 * GiB, 6 * GiB));
+  EXPECT_EQ(limited.config.headroom, 1 * GiB);
+  EXPECT_EQ(describe_source(ConfigSource::Machine, limited.derived), "derived from the machine: cgroup limit 6.00 GiB");
+
+  EXPECT_THROW(sourced_config("headroom:lots", d), ValueError);
+  EXPECT_THROW(sourced_config("pin_reserve:1P", d), ValueError);
+}
+
+TEST(ConfigSources, EachSourceSaysWhereItCameFrom) {
+  EXPECT_EQ(describe_source(ConfigSource::Default, std::nullopt), "default");
+  EXPECT_EQ(describe_source(ConfigSource::Env, std::nullopt), "PINS_CONF");
+  EXPECT_EQ(describe_source(ConfigSource::Configure, std::nullopt), "configure()");
+  EXPECT_EQ(describe_source(ConfigSource::Given, std::nullopt), "given");
+  EXPECT_EQ(describe_source(ConfigSource::Machine, std::nullopt), "derived from the machine");
+  for (const ConfigSource s : {ConfigSource::Default, ConfigSource::Machine, ConfigSource::Env,
+                               ConfigSource::Configure, ConfigSource::Given})
+    EXPECT_EQ(describe_source(s, derive_budget(24683792 * KiB, 0)).find(','), std::string::npos)
+        << "a ',' would split pins::config_sources()'s text";
 }
 
 TEST(Config, ReadsEnvironment) {

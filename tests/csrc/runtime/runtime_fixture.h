@@ -36,9 +36,11 @@ class RuntimeTest : public ::testing::Test {
                 "SwapTotal:      0 kB\n"
                 "SwapFree:       0 kB\n");
   }
+  // The monitor is off unless `extra` turns it on: a test that wants it says so
+  // (and a fork child then has a monitor to replace, Note [Fork safety]).
   Config config(const std::string& extra = "") const {
-    return parse_config("backend:null,segment_size:64MiB,extent_min:1MiB,cap:8MiB,system_root:" + root_.path() +
-                        (extra.empty() ? "" : "," + extra));
+    return parse_config("backend:null,segment_size:64MiB,extent_min:1MiB,cap:8MiB,monitor:false,system_root:" +
+                        root_.path() + (extra.empty() ? "" : "," + extra));
   }
   FixtureRoot root_;
 };

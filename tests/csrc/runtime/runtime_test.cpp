@@ -17,6 +17,7 @@
 namespace pins {
 namespace {
 
+using testing::eventually;
 using testing::RuntimeTest;
 
 TEST_F(RuntimeTest, BuildsThePoolFromTheConfiguration) {
@@ -69,6 +70,87 @@ TEST_F(RuntimeTest, MemoryMaxAgeReachesTheProbe) {
   EXPECT_EQ(rt.probe().max_age_ns(), 250'000) << "a refused configure changed the reading's age";
   Runtime fresh(config("memory_max_age_us:0"));
   EXPECT_EQ(fresh.probe().max_age_ns(), 0);
+}
+
+#if !defined(_WIN32)  // Windows reads its memory from the system, not from a system root
+// Note [Derived budget]: the process's configuration takes headroom and
+// pin_reserve from the machine (here the fixture's 64 GiB of MemTotal) unless
+// PINS_CONF sets them, and says where every value came from.
+TEST_F(RuntimeTest, ProcessConfigDerivesTheBudgetFromTheMachine) {
+  const std::string base = "backend:null,system_root:" + root_.path();
+  SourcedConfig s = process_config(base.c_str());
+  EXPECT_EQ(s.config.headroom, 4 * GiB);
+  EXPECT_EQ(s.config.pin_reserve, 2 * GiB);
+  ASSERT_TRUE(s.derived.has_value());
+  EXPECT_EQ(s.derived->basis_bytes, 64 * GiB);
+  EXPECT_EQ(s.sources.at("headroom"), ConfigSource::Machine);
+  EXPECT_EQ(s.sources.at("backend"), ConfigSource::Env);
+  EXPECT_EQ(s.sources.at("policy"), ConfigSource::Default);
+  EXPECT_TRUE(s.config.monitor);
+
+  root_.write("proc/meminfo", "MemTotal: 16318928 kB\nMemAvailable: 12000000 kB\n");  // a "16 GB" machine
+  s = process_config(base.c_str());
+  EXPECT_EQ(s.config.headroom, 1 * GiB);
+  EXPECT_EQ(s.config.pin_reserve, 512 * MiB);
+  s = process_config((base + ",headroom:3GiB").c_str());
+  EXPECT_EQ(s.config.headroom, 3 * GiB);
+  EXPECT_EQ(s.sources.at("headroom"), ConfigSource::Env);
+  EXPECT_EQ(s.config.pin_reserve, 512 * MiB);
+  EXPECT_EQ(s.sources.at("pin_reserve"), ConfigSource::Machine);
+  EXPECT_THROW(process_config((base + ",headroom:lots").c_str()), ValueError);
+
+  // No meminfo to read: Config's fixed defaults, and they say so.
+  testing::FixtureRoot empty;
+  s = process_config(("backend:null,system_root:" + empty.path()).c_str());
+  EXPECT_FALSE(s.derived.has_value());
+  EXPECT_EQ(s.config.headroom, 4 * GiB);
+  EXPECT_EQ(s.sources.at("headroom"), ConfigSource::Default);
+}
+
+TEST_F(RuntimeTest, ProcessConfigTakesACgroupLimitBelowRam) {
+  root_.write("proc/self/cgroup", "0::/job\n");
+  root_.write("sys/fs/cgroup/job/memory.max", std::to_string(6 * GiB) + "\n");
+  root_.write("sys/fs/cgroup/job/memory.current", std::to_string(1 * GiB) + "\n");
+  const SourcedConfig s = process_config(("backend:null,system_root:" + root_.path()).c_str());
+  EXPECT_EQ(s.config.headroom, 1 * GiB);
+  ASSERT_TRUE(s.derived.has_value());
+  EXPECT_EQ(s.derived->basis, BudgetBasis::CgroupLimit);
+  EXPECT_EQ(describe_source(s.sources.at("headroom"), s.derived), "derived from the machine: cgroup limit 6.00 GiB");
+}
+#endif
+
+TEST_F(RuntimeTest, ConfigSourcesFollowConfigure) {
+  Runtime rt(sourced_config("backend:null,segment_size:64MiB,extent_min:1MiB,monitor:false,system_root:" +
+                                root_.path(),
+                            derive_budget(32 * GiB, 0)));
+  const auto source_of = [&](const std::string& key) {
+    for (const auto& [k, s] : rt.config_sources())
+      if (k == key) return s;
+    return std::string("missing");
+  };
+  EXPECT_EQ(rt.config_sources().size(), config_keys().size());
+  EXPECT_EQ(rt.config().headroom, 2 * GiB);
+  EXPECT_EQ(source_of("headroom"), "derived from the machine: RAM 32.00 GiB");
+  EXPECT_EQ(source_of("monitor"), "PINS_CONF");
+  EXPECT_EQ(source_of("policy"), "default");
+  rt.configure("policy:trace,HEADROOM:1G");
+  EXPECT_EQ(source_of("headroom"), "configure()");
+  EXPECT_EQ(source_of("policy"), "configure()");
+  EXPECT_EQ(source_of("pin_reserve"), "derived from the machine: RAM 32.00 GiB");
+  EXPECT_THROW(rt.configure("cap:1M,policy:nope"), ValueError);
+  EXPECT_EQ(source_of("cap"), "default") << "a refused configure changed a source";
+  Runtime plain(config());
+  EXPECT_EQ(plain.config_sources().front().second, "given");
+}
+
+// The monitor runs unless the configuration turns it off (Config's default).
+TEST_F(RuntimeTest, TheMonitorIsOnByDefault) {
+  Runtime rt(parse_config("backend:null,segment_size:64MiB,extent_min:1MiB,system_root:" + root_.path()));
+  EXPECT_TRUE(rt.monitor_running());
+  EXPECT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= 1; }));
+#if !defined(_WIN32)
+  EXPECT_EQ(rt.monitor_status().triggers, 0u) << "the fixture has plenty of RAM available";
+#endif
 }
 
 TEST_F(RuntimeTest, MonitorStartsStopsAndRestarts) {

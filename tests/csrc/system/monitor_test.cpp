@@ -44,6 +44,25 @@ TEST(PressureMonitor, TriggersBelowHeadroom) {
   EXPECT_LE(mon.triggers(), mon.wakeups());
 }
 
+// Note [Pressure monitor wake-ups]: a check that found pressure is followed by
+// another within kRecheck (20 ms), not a whole interval; without pressure the
+// interval stands.
+TEST(PressureMonitor, ChecksAgainSoonAfterPressure) {
+  FakeProbe probe(1 * GiB);
+  std::atomic<uint64_t> calls{0};
+  PressureMonitor mon(probe, [] { return 4 * GiB; }, [&] { calls++; }, 10s, polling_root());
+  EXPECT_TRUE(eventually([&] { return calls.load() >= 5; })) << "one check per 10 s interval, not per 20 ms";
+  probe.available = 10 * GiB;  // relieved: back to the interval
+  const auto quiet = [&] {
+    const uint64_t w = mon.wakeups();
+    std::this_thread::sleep_for(200ms);
+    return mon.wakeups() - w;
+  };
+  quiet();  // the check after the last pressure
+  EXPECT_EQ(quiet(), 0u) << "checks went on every 20 ms without pressure";
+  mon.stop();
+}
+
 TEST(PressureMonitor, SeesASlowFallWithoutPsi) {
   FakeProbe probe(10 * GiB);
   std::atomic<uint64_t> calls{0};
