@@ -78,9 +78,9 @@ def main():
     print(f"{'policy':<8} {'suite ' + a.seeds:>12} {'held-out ' + a.held_out:>12} {'traces/mru':>11} {'traces GiB':>11}"
           f" {'score':>7}")
     for p in POLICIES:
-        print(f"{p:<8} {suite[p]:12.3f} {held[p]:12.3f} {rel[p]:11.3f} {traces[p] / 2**30:11.1f} {score[p]:7.3f}")
+        print(f"{p:<8} {suite[p]:12.3f} {held[p]:12.3f} {rel[p]:11.3f} {traces[p] / 2**30:11.1f} {score[p]:7.4f}")
     best = min(POLICIES, key=lambda p: score[p])
-    print(f"RESULT default={best} " + " ".join(f"score_{p}={score[p]:.3f}" for p in POLICIES))
+    print(f"RESULT default={best} " + " ".join(f"score_{p}={score[p]:.4f}" for p in POLICIES))
     return 0
 
 
