@@ -352,7 +352,7 @@ void HostPool::list_idle(Extent* e) {
   idle_bytes_ += e->size;
 }
 
-HostPool::Extent* HostPool::take_prewarmed(Extent* e, size_t esize) {
+HostPool::Extent* HostPool::split_prewarmed(Extent* e, size_t esize) {
   PINS_ASSERT(e->prewarmed && e->used == 0 && esize > 0 && esize <= e->size && esize % page_ == 0);
   free_[0].erase({e->size, e->base});
   idle_.erase({e->idle_since, e});
@@ -368,6 +368,11 @@ HostPool::Extent* HostPool::take_prewarmed(Extent* e, size_t esize) {
     list_idle(r);
   }
   stats_.prewarmed_bytes.decrease(static_cast<int64_t>(esize));
+  return e;
+}
+
+HostPool::Extent* HostPool::take_prewarmed(Extent* e, size_t esize) {
+  split_prewarmed(e, esize);
   stats_.prewarm_served++;
   stats_.prewarm_served_bytes += static_cast<int64_t>(esize);
   return e;
@@ -380,29 +385,29 @@ HostPool::Extent* HostPool::find_prewarmed(size_t bytes) const {
   return best;
 }
 
+void HostPool::join_extents(Extent* a, Extent* b) {
+  for (Extent* x : {a, b}) {
+    free_[0].erase({x->size, x->base});
+    idle_.erase({x->idle_since, x});
+    idle_bytes_ -= x->size;
+    blocks_.erase(x->base);
+  }
+  a->size += b->size;
+  extents_.erase(b->base);  // destroys b
+  list_idle(a);
+}
+
 HostPool::Extent* HostPool::join_prewarmed(Extent* e) {
-  // Both listed idle with one free block each: `a` takes `b`, which precedes nothing of its own.
-  const auto join = [&](Extent* a, Extent* b) {
-    for (Extent* x : {a, b}) {
-      free_[0].erase({x->size, x->base});
-      idle_.erase({x->idle_since, x});
-      idle_bytes_ -= x->size;
-      blocks_.erase(x->base);
-    }
-    a->size += b->size;
-    extents_.erase(b->base);
-    list_idle(a);
-  };
   auto it = extents_.find(e->base);
   if (auto next = std::next(it); next != extents_.end()) {
     Extent* n = next->second.get();
-    if (n->prewarmed && n->seg == e->seg && n->base == e->base + e->size) join(e, n);
+    if (n->prewarmed && n->seg == e->seg && n->base == e->base + e->size) join_extents(e, n);
   }
   it = extents_.find(e->base);
   if (it != extents_.begin()) {
     Extent* p = std::prev(it)->second.get();
     if (p->prewarmed && p->seg == e->seg && p->base + p->size == e->base) {
-      join(p, e);
+      join_extents(p, e);
       e = p;
     }
   }
@@ -483,6 +488,14 @@ std::vector<HostPool::Extent*> HostPool::pick_idle(size_t over) {
     if (e->unlocking) {  // unlock() owns it for now
       ++it;
       continue;
+    }
+    if (e->prewarmed && e->size > round_page(over - got)) {
+      // Note [Host pool layout]: only what is over the limit; the rest stays prewarmed.
+      split_prewarmed(e, round_page(over - got));
+      e->decommitting = true;
+      got += e->size;
+      victims.push_back(e);
+      break;
     }
     it = idle_.erase(it);
     idle_bytes_ -= e->size;

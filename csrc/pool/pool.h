@@ -30,7 +30,8 @@
 // page-lock locks only the cut, after it is cut (the lock call runs unlocked;
 // the cut is then *being locked*: in no list, with no block). Prewarmed memory
 // is idle memory for everything else: it counts in idle_bytes(), and the
-// retain limit, trim() and the cap's decommits give it back like any other.
+// retain limit, trim() and the cap's decommits give it back like any other,
+// cut to what they need.
 //
 // Note [Fences protect blocks]
 // A fence recorded on a block (a copy in flight from it) keeps the block out of
@@ -199,15 +200,19 @@ class HostPool {
   size_t extent_size(size_t need) const { return 2 * need <= round_page(opts_.extent_min) ? round_page(opts_.extent_min) : need; }
   // Lists `e` (no block yet) as an idle extent of one free block.
   void list_idle(Extent* e) PINS_REQUIRES(mu_);
-  // Note [Host pool layout]: takes the first `esize` bytes of the listed
-  // prewarmed extent `e` out of every list, as an extent of their own with no
-  // block (returned: `e` itself); the rest stays a listed prewarmed extent.
+  // Note [Host pool layout]: takes the first `esize` bytes (whole pages) of the
+  // listed prewarmed extent `e` out of every list, as an extent of their own
+  // with no block, no longer prewarmed (returned: `e` itself); the rest stays a
+  // listed prewarmed extent. take_prewarmed() counts it served to a request.
+  Extent* split_prewarmed(Extent* e, size_t esize) PINS_REQUIRES(mu_);
   Extent* take_prewarmed(Extent* e, size_t esize) PINS_REQUIRES(mu_);
   // The smallest prewarmed extent of at least `bytes`; nullptr when none.
   Extent* find_prewarmed(size_t bytes) const PINS_REQUIRES(mu_);
   // Joins the listed prewarmed extent `e` with prewarmed neighbours of its
   // segment; returns the extent that holds it now.
   Extent* join_prewarmed(Extent* e) PINS_REQUIRES(mu_);
+  // `a` takes its neighbour `b`: both listed idle, unlocked, in one segment.
+  void join_extents(Extent* a, Extent* b) PINS_REQUIRES(mu_);
   void decommit(std::vector<Extent*> victims) PINS_EXCLUDES(mu_);
   void add_range(uintptr_t addr, size_t size, Segment* seg) PINS_REQUIRES(mu_);
   bool take_range(size_t size, uintptr_t* addr, Segment** seg) PINS_REQUIRES(mu_);
