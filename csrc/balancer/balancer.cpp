@@ -99,7 +99,11 @@ void Balancer::mark_prompt(const std::vector<ModelId>& models) {
   MutexLock g(mu_);
   for (ModelId id : models) table_.model(id, "mark_prompt");  // all or nothing
   prompt_ = true;
-  for (ModelId id : models) table_.model(id, "mark_prompt").in_prompt = true;
+  for (ModelId id : models) {
+    Model& m = table_.model(id, "mark_prompt");
+    if (!m.in_prompt) m.prompt_peak = held_bytes(m);  // Note [Prewarm]: its peak in this prompt starts here
+    m.in_prompt = true;
+  }
 }
 
 namespace {
@@ -133,6 +137,7 @@ void Balancer::end_prompt() {
     MutexLock g(mu_);
     prompt_ = false;
     for (auto& [id, m] : table_.models()) {
+      if (m->in_prompt) m->last_prompt_peak = m->prompt_peak;  // Note [Prewarm]
       m->in_prompt = false;
       table_.drop_if(*m, Subset::Patches, droppable_patch, blocks);
     }
