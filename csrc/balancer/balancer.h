@@ -177,8 +177,9 @@ class Balancer {
   // they hold: each one's expectation less its pins' bytes, summed.
   uint64_t prewarm_want() const PINS_EXCLUDES(mu_);
   // One step of the prewarm: commits up to `max_bytes` of pool memory ahead of
-  // need, no more than prewarm_want() less the pool's idle bytes and no more
-  // than the budget leaves (prewarm_room in budget.h); returns the bytes
+  // need, no more than prewarm_want() less the pool's idle bytes and the bytes
+  // of pins being made, and no more than the budget leaves (prewarm_room in
+  // budget.h); returns the bytes
   // committed, 0 when nothing more is wanted or fits now (or `prewarm` is off).
   size_t prewarm_step(size_t max_bytes) PINS_EXCLUDES(mu_);
 

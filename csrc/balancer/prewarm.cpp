@@ -42,15 +42,19 @@ size_t Balancer::prewarm_step(size_t max_bytes) {
     if (!c.prewarm) return 0;
     want = prewarm_want_locked();
   }
-  const uint64_t idle = pool_.idle_bytes();  // serves a new pin as prewarmed memory does
-  if (want <= idle) return 0;
+  // Idle memory serves a new pin as prewarmed memory does, and a pin being made
+  // (its bytes reserved, Note [Budget reservation]) has its memory already: a
+  // cast that commits its own pages beside a round ends the round.
+  const uint64_t reserved = gate_.reserved_bytes();
+  const uint64_t covered = add_sat(pool_.idle_bytes(), reserved);
+  if (want <= covered) return 0;
   const MemoryInfo mi = gate_.memory();
-  const uint64_t room = prewarm_room(mi.available, gate_.reserved_bytes(), c);
+  const uint64_t room = prewarm_room(mi.available, reserved, c);
   const uint64_t page = pool_.backend().page_size();
-  uint64_t bytes = std::min<uint64_t>({want - idle, room, max_bytes});
+  uint64_t bytes = std::min<uint64_t>({want - covered, room, max_bytes});
   bytes -= bytes % page;
   // A step smaller than an extent_min extent would serve only pins of that size.
-  if (bytes == 0 || bytes < std::min<uint64_t>(want - idle, pool_.options().extent_min)) return 0;
+  if (bytes == 0 || bytes < std::min<uint64_t>(want - covered, pool_.options().extent_min)) return 0;
   // Note [Warm idle memory]: the retain limit, on this reading, holds what the
   // step commits (it keeps available RAM at or above the headroom).
   gate_.keep_warm(mi, c.headroom);

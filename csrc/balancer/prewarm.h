@@ -12,7 +12,9 @@
 // layout] in csrc/pool/pool.h).
 //
 // How much: what the models of the prompt are expected to pin beyond what they
-// hold now, less the pool's idle bytes (which serve a new pin as well). A model
+// hold now, less the pool's idle bytes (which serve a new pin as well) and the
+// bytes of pins being made (Note [Budget reservation]: they have their memory,
+// so a cast that commits its own pages beside a round ends it). A model
 // counts while marked in the prompt or active; it is expected to pin what its
 // pins held at most during the last prompt it was marked in (Model::
 // last_prompt_peak), and before its first prompt the size given when it was

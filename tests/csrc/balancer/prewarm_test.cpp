@@ -171,6 +171,29 @@ TEST(PrewarmStep, CommitsWhatIsWantedLessIdleMemoryAndThePinsUseIt) {
   EXPECT_EQ(f.bal.prewarm_want(), 0u);
 }
 
+// A pin being made has its memory (its bytes reserved): a cast committing its
+// own pages beside a round leaves nothing for the round to commit for it.
+TEST(PrewarmStep, APinBeingMadeCountsAsHeld) {
+  auto backend = std::make_unique<SlowBackend>();
+  SlowBackend& be = *backend;
+  be.held_size = U;  // the pin's commit, not the steps
+  Fixture f(/*spare=*/64 * U, config(), std::move(backend));
+  ModelOptions o;
+  o.size = U;
+  const ModelId m = f.bal.register_model("m", "cpu", o);
+  f.bal.mark_prompt({m});
+  be.hold = true;
+  std::thread cast([&] { EXPECT_TRUE(f.cast(m, 1)); });
+  for (int i = 0; i < 5000 && !be.held; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(be.held);
+  EXPECT_EQ(f.bal.reserved_bytes(), U);
+  EXPECT_EQ(f.bal.prewarm_step(kStep), 0u);
+  be.hold = false;
+  cast.join();
+  EXPECT_EQ(f.bal.prewarm_step(kStep), 0u) << "held now";
+  EXPECT_EQ(f.pool.stats().prewarms, 0);
+}
+
 TEST(PrewarmStep, NeverPastTheBudgetOrTheCapAndOffWhenConfiguredOff) {
   Fixture f(/*spare=*/3 * U);
   ModelOptions o;
