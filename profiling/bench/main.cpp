@@ -29,9 +29,10 @@ const Benchmark kBenchmarks[] = {
      "  --data FILE   model parameter list (default: profiling/data/model_params.csv)\n"
      "  --reps N      timing repetitions; the best one counts (default: 15)\n"},
     {"fill", &pins::bench::fill_main,
-     "filling a pin: warm, a new pin through Balancer::acquire after an eviction, a new pin into fresh pages, "
-     "and a chunked fill on several threads, against memcpy into a warm malloc'd buffer",
-     "  --size SIZE   bytes per pin, Note [Size syntax] (default: 512M); uses about 5x SIZE of RAM\n"
+     "filling a pin: warm, a new pin through Balancer::acquire after an eviction, a new pin into fresh pages "
+     "(prewarm off, prewarmed ahead, prewarm racing it), and a chunked fill on several threads, against memcpy "
+     "into a warm malloc'd buffer",
+     "  --size SIZE   bytes per pin, Note [Size syntax] (default: 512M); uses about 6x SIZE of RAM\n"
      "  --reps N      repetitions; medians count (default: 5)\n"
      "  --threads N   threads of the chunked fill (default: 2)\n"},
     {"balancer", &pins::bench::balancer_main,

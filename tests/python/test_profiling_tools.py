@@ -169,7 +169,8 @@ def run_bench(*args, timeout=300):
 
 def test_bench_fill_ends_with_its_ratios():
     stdout, figures = run_bench("fill", "--size", "8M", "--reps", "2", "--threads", "2")
-    assert set(figures) == {"fill_warm_ratio", "fill_fresh_ratio", "fill_cold_ratio", "fill_warm_mt_ratio"}
+    assert set(figures) == {"fill_warm_ratio", "fill_fresh_ratio", "fill_cold_ratio", "fill_cold_noprewarm_ratio",
+                            "fill_cold_racing_ratio", "fill_warm_mt_ratio"}
     assert all(v > 0 for v in figures.values()), figures
     assert "baseline memcpy, warm malloc" in stdout  # per-repetition lines above the RESULT
     # Note [Warm idle memory]: the pin evicted by Balancer::free stays committed for the next one,
@@ -179,6 +180,10 @@ def test_bench_fill_ends_with_its_ratios():
     assert "extents committed 1, decommitted 0 over 2 pins" in "\n".join(lines[evict:evict + 6]), stdout
     cold = next(i for i, line in enumerate(lines) if line.startswith("cold: "))
     assert "extents committed 2, decommitted 2 over 2 pins" in "\n".join(lines[cold:cold + 6]), stdout
+    # Note [Prewarm]: with the prewarm waited for, the pins commit nothing on the hot path.
+    ahead = next(i for i, line in enumerate(lines) if line.startswith("cold+prewarm: "))
+    assert "extents committed 0, decommitted 2 over 2 pins" in "\n".join(lines[ahead:ahead + 7]), stdout
+    assert "8.0 MiB of the pins' memory came from it" in "\n".join(lines[ahead:ahead + 8]), stdout
 
 
 def test_bench_load_reads_the_file_once_and_leaves_no_second_copy(tmp_path):
