@@ -243,10 +243,12 @@ def test_bench_lowvram_ends_with_pass_ratios_per_policy():
     needs_torch_benchmarks()
     stdout, figures = run_bench("lowvram", "--layers", "4", "--layer-mib", "1", "--passes", "2", "--policies",
                                 "mru,trace")
-    assert set(figures) == {"first_pass_ratio_mru", "steady_pass_ratio_mru", "first_pass_ratio_trace",
-                            "steady_pass_ratio_trace"}
+    # Note [Prewarm]: each policy with the prewarm waited for (the default), off, and racing the pass.
+    assert set(figures) == {f"{k}_pass_ratio_{p}{v}" for k in ("first", "steady") for p in ("mru", "trace")
+                            for v in ("", "_noprewarm", "_racing")}
     assert all(v > 0 for v in figures.values()), figures
     assert 'configure("policy:trace,headroom:' in stdout  # the budget it set is printed
+    assert "prewarm before the pass (untimed)" in stdout
 
 
 @pytest.mark.parametrize("name", ["cast", "lowvram"])
