@@ -479,11 +479,13 @@ def replay_policy(policy: str, spec: dict, out_dir: str, progress: Progress, nru
     root = os.path.join(out_dir, f"replay_{policy}_system")
     spec["system_root"] = root
     # As pins-sim sets up its balancer: the trace's headroom, then --conf; its pool keeps no idle memory.
-    # A memory reading stands for DEMO_READING_AGE_US (Note [Demo machine]).
+    # A memory reading stands for DEMO_READING_AGE_US (Note [Demo machine]). No prewarm (Note [Prewarm]),
+    # as in pins-sim, which has no thread: its commits, at its thread's pace, would move the modelled
+    # page cache and make a run unrepeatable (--conf prewarm:true turns it on).
     env["PINS_CONF"] = ",".join(filter(None, [f"backend:{backend}", "retain_free:0",
                                               f"memory_max_age_us:{DEMO_READING_AGE_US}", f"system_root:{root}",
                                               f"policy:{policy if policy != 'none' else 'mru'}",
-                                              f"headroom:{spec['machine']['headroom']}", conf]))
+                                              f"headroom:{spec['machine']['headroom']}", "prewarm:false", conf]))
     save(spec_path, f"the {policy} replay's spec", json_bytes(spec))
     cmd = [sys.executable, REPLAY, spec_path]
     label = f"{policy:>5}"
