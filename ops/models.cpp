@@ -2,7 +2,9 @@
 // balancer keeps pins for. Per-model options (ModelOptions in
 // csrc/balancer/registry.h) are given at registration: fast_disk, the one
 // setting of ComfyUI's ModelPatcher that maps to the balancer (its weights
-// reload fast from disk: no -loaded pins for it). An id that names no registered model is a
+// reload fast from disk: no -loaded pins for it), and size, the bytes of its
+// weights (ModelPatcher.model_size()), which sizes the prewarm before its first
+// prompt (Note [Prewarm] in csrc/balancer/prewarm.h). An id that names no registered model is a
 // pins::ValueError from the balancer, a c10::ValueError here (Note [Error types]
 // in ops/library.cpp).
 #include <pins/ops/models.h>
@@ -18,10 +20,12 @@
 namespace pins::ops {
 namespace {
 
-int64_t register_model_kernel(c10::string_view name, c10::Device load_device, bool fast_disk) {
+int64_t register_model_kernel(c10::string_view name, c10::Device load_device, bool fast_disk, int64_t size) {
   TORCH_CHECK_VALUE(!name.empty(), "register_model: name must not be empty");
+  TORCH_CHECK_VALUE(size >= 0, "register_model: size must be a byte count >= 0, got ", size);
   ModelOptions options;
   options.fast_disk = fast_disk;
+  options.size = static_cast<uint64_t>(size);
   return translate([&] { return balancer().register_model(std::string(name), load_device.str(), options); });
 }
 
@@ -34,6 +38,7 @@ void set_active_kernel(int64_t model, bool active) {
     Balancer& b = balancer();
     b.set_active(model, active);
     b.relieve();  // a node boundary: the RAM-pressure check of DESIGN.md "Budget"
+    if (active) Runtime::get().wake_prewarm();  // Note [Prewarm]: it runs next
   });
 }
 
@@ -43,10 +48,10 @@ static_assert(std::is_same_v<decltype(set_active_kernel), decltype(set_active)>)
 
 }  // namespace
 
-int64_t register_model(c10::string_view name, c10::Device load_device, bool fast_disk) {
+int64_t register_model(c10::string_view name, c10::Device load_device, bool fast_disk, int64_t size) {
   static auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("pins::register_model", "").typed<decltype(register_model)>();
-  return op.call(name, load_device, fast_disk);
+  return op.call(name, load_device, fast_disk, size);
 }
 
 void forget_model(int64_t model) {
@@ -63,7 +68,8 @@ void set_active(int64_t model, bool active) {
 }  // namespace pins::ops
 
 TORCH_LIBRARY_FRAGMENT(pins, m) {
-  m.def("register_model(str name, Device load_device, bool fast_disk=False) -> int", &pins::ops::register_model_kernel);
+  m.def("register_model(str name, Device load_device, bool fast_disk=False, int size=0) -> int",
+        &pins::ops::register_model_kernel);
   m.def("forget_model(int model) -> ()", &pins::ops::forget_model_kernel);
   m.def("set_active(int model, bool active) -> ()", &pins::ops::set_active_kernel);
 }

@@ -16,7 +16,10 @@ namespace pins::ops {
 namespace {
 
 void mark_prompt_kernel(c10::IntArrayRef models) {
-  translate([&] { balancer().mark_prompt(std::vector<ModelId>(models.begin(), models.end())); });
+  translate([&] {
+    balancer().mark_prompt(std::vector<ModelId>(models.begin(), models.end()));
+    if (!models.empty()) Runtime::get().wake_prewarm();  // Note [Prewarm]: the prompt names what it runs
+  });
 }
 
 void end_prompt_kernel() {

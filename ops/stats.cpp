@@ -109,6 +109,7 @@ void insert_model(c10::Dict<std::string, int64_t>& d, const std::string& prefix,
   d.insert(prefix + "active", static_cast<int64_t>(m.active));
   d.insert(prefix + "in_prompt", static_cast<int64_t>(m.in_prompt));
   d.insert(prefix + "fast_disk", static_cast<int64_t>(m.options.fast_disk));
+  d.insert(prefix + "size", static_cast<int64_t>(m.options.size));
 }
 
 c10::Dict<std::string, int64_t> stats_kernel() {
@@ -169,6 +170,15 @@ c10::Dict<std::string, int64_t> stats_kernel() {
     d.insert("pool_deferred_frees", ps.deferred_frees);
     d.insert(std::string("backend.") + ps.backend, 1);
     d.insert("monitor", rt.monitor_running() ? 1 : 0);
+    // Note [Prewarm] (csrc/balancer/prewarm.h).
+    const Runtime::PrewarmStatus pw = rt.prewarm_status();
+    d.insert("prewarm", pw.running ? 1 : 0);
+    d.insert("prewarm_busy", pw.busy ? 1 : 0);
+    d.insert("prewarm_rounds", static_cast<int64_t>(pw.rounds));
+    d.insert("prewarm_errors", static_cast<int64_t>(pw.errors));
+    d.insert("prewarmed_bytes", ps.prewarmed_bytes.current);
+    d.insert("prewarm_bytes", ps.prewarmed_bytes.allocated);
+    d.insert("prewarm_served_bytes", ps.prewarm_served_bytes);
     // Note [File-backed pins] (csrc/files/mapped.h).
     const files::FileFillStats fs = files::file_fill_stats();
     d.insert("file_fills", static_cast<int64_t>(fs.fills));

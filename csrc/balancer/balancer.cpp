@@ -100,7 +100,11 @@ void Balancer::mark_prompt(const std::vector<ModelId>& models) {
   for (ModelId id : models) table_.model(id, "mark_prompt");  // all or nothing
   if (!prompt_) table_.start_prompt();
   prompt_ = true;
-  for (ModelId id : models) table_.model(id, "mark_prompt").in_prompt = true;
+  for (ModelId id : models) {
+    Model& m = table_.model(id, "mark_prompt");
+    if (!m.in_prompt) m.prompt_peak = held_bytes(m);  // Note [Prewarm]: its peak in this prompt starts here
+    m.in_prompt = true;
+  }
 }
 
 namespace {
@@ -135,6 +139,7 @@ void Balancer::end_prompt() {
     prompt_ = false;
     table_.end_prompt();  // before the marks go: Note [Idle cache pins]
     for (auto& [id, m] : table_.models()) {
+      if (m->in_prompt) m->last_prompt_peak = m->prompt_peak;  // Note [Prewarm]
       m->in_prompt = false;
       table_.drop_if(*m, Subset::Patches, droppable_patch, blocks);
     }

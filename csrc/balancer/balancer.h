@@ -177,6 +177,17 @@ class Balancer {
   // Bytes reserved by pins being made (Note [Budget reservation]).
   uint64_t reserved_bytes() const { return gate_.reserved_bytes(); }
 
+  // ---- Note [Prewarm] (prewarm.h; prewarm.cpp)
+  // What the models in the prompt (or active) are expected to pin beyond what
+  // they hold: each one's expectation less its pins' bytes, summed.
+  uint64_t prewarm_want() const PINS_EXCLUDES(mu_);
+  // One step of the prewarm: commits up to `max_bytes` of pool memory ahead of
+  // need, no more than prewarm_want() less the pool's idle bytes and the bytes
+  // of pins being made, and no more than the budget leaves (prewarm_room in
+  // budget.h); returns the bytes
+  // committed, 0 when nothing more is wanted or fits now (or `prewarm` is off).
+  size_t prewarm_step(size_t max_bytes) PINS_EXCLUDES(mu_);
+
   // Note [Fork safety] (csrc/runtime/runtime.h): the runtime's pthread_atfork
   // handlers hold mu_ across fork(), between the runtime's lock and the pool's
   // (Note [Lock order]), and the budget gate's leaf lock after mu_. Nothing
@@ -241,6 +252,7 @@ class Balancer {
   // after dropping page-locks along the tiers if needed.
   bool ensure_lock_room(size_t bytes, const MemoryInfo& mi) PINS_EXCLUDES(mu_);
   void free_blocks(const std::vector<void*>& blocks) PINS_EXCLUDES(mu_);  // into the pool, outside mu_
+  uint64_t prewarm_want_locked() const PINS_REQUIRES(mu_);
 
   HostPool& pool_;   // must outlive the balancer
   BudgetGate gate_;  // its own leaf lock

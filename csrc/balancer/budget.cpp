@@ -38,6 +38,10 @@ uint64_t relieve_free_goal(uint64_t shortfall, const Config& c) {
   return shortfall == 0 ? 0 : add_sat(shortfall, c.relieve_slack);
 }
 
+uint64_t prewarm_room(uint64_t available, uint64_t reserved, const Config& c) {
+  return sub_sat(sub_sat(available, reserved), std::max(c.headroom, pin_reserve_line(c)));
+}
+
 bool lock_fits(uint64_t locked, uint64_t bytes, uint64_t ceiling) { return bytes <= ceiling && locked <= ceiling - bytes; }
 
 uint64_t lock_drop_goal(uint64_t ceiling, uint64_t bytes, const Config& c) {

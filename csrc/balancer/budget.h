@@ -26,6 +26,11 @@ uint64_t relieve_shortfall(uint64_t available, const Config& c);
 // What relieve() frees for it: shortfall + relieve_slack; 0 for none.
 uint64_t relieve_free_goal(uint64_t shortfall, const Config& c);
 
+// Note [Prewarm]: the bytes a prewarm may commit on available RAM `available`
+// with `reserved` bytes of pins being made: available - reserved -
+// max(headroom, pin_reserve_line), 0 when that is negative.
+uint64_t prewarm_room(uint64_t available, uint64_t reserved, const Config& c);
+
 // The registration ceiling: whether `bytes` more page-locked bytes fit under
 // `ceiling` with `locked` bytes page-locked now.
 bool lock_fits(uint64_t locked, uint64_t bytes, uint64_t ceiling);

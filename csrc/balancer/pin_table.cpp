@@ -1,5 +1,7 @@
 #include "csrc/balancer/pin_table.h"
 
+#include <algorithm>
+
 #include "csrc/base/check.h"
 
 namespace pins {
@@ -124,6 +126,7 @@ void PinTable::link(Model& m, std::unique_ptr<Pin> pin) {
   m.stats[s].pins++;
   m.stats[s].bytes += static_cast<int64_t>(p->bytes);
   m.stats[s].created++;
+  if (m.in_prompt) m.prompt_peak = std::max(m.prompt_peak, held_bytes(m));  // Note [Prewarm]
 }
 
 void PinTable::unlink(Pin* p, std::vector<void*>& to_free) {

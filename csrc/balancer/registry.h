@@ -192,6 +192,9 @@ struct SubsetStats {
 // What a caller says about a model when registering it.
 struct ModelOptions {
   bool fast_disk = false;  // its weights reload fast from disk: no new pins in its -loaded subsets
+  // Note [Prewarm] (prewarm.h): the bytes of its weights, what its first prompt
+  // is expected to pin; 0: unknown.
+  uint64_t size = 0;
 };
 
 struct Model {
@@ -207,6 +210,10 @@ struct Model {
   std::optional<uint64_t> idle_through;
   bool in_prompt = false;
   bool active = false;
+  // Note [Prewarm]: the most bytes its pins held at once while marked in the
+  // prompt now (level), and in the last prompt it was marked in (-1: none yet).
+  int64_t prompt_peak = 0;
+  int64_t last_prompt_peak = -1;
   int64_t refusals = 0;         // COUNT pins the budget or the pool refused
   int64_t bypassed[kBypassReasons] = {};  // COUNT casts served from the source, by reason
   SubsetStats stats[kSubsets];
@@ -223,6 +230,13 @@ struct Model {
   using TraceIndexKey = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>;
   std::map<TraceIndexKey, Pin*> by_trace[kSubsets];
 };
+
+// The bytes of every pin of `m`, all four subsets.
+inline int64_t held_bytes(const Model& m) {
+  int64_t n = 0;
+  for (const SubsetStats& st : m.stats) n += st.bytes;
+  return n;
+}
 
 // Every registered model, by id.
 using Models = std::map<ModelId, std::unique_ptr<Model>>;

@@ -20,6 +20,10 @@
 // the last memory reading and the reservations of pins being made (Note [Memory
 // readings], Note [Budget reservation]); nothing else is taken while it is held
 // (it may be taken under Balancer::mu_: the cast path and the fork handlers do).
+// And the Prewarmer's two (Note [Prewarm] in csrc/balancer/prewarm.h): the lock
+// its thread waits under, taken under Runtime::mu_ by Runtime::wake_prewarm and
+// released by the thread before every step (which takes levels 2 and 3), and
+// the one that serializes stop()'s join, which the thread never takes.
 #pragma once
 
 #include <mutex>

@@ -155,6 +155,7 @@ const std::map<std::string, Setter>& setters() {
     s["ceiling_min"] = fraction(&Config::ceiling_min);
     s["ceiling_max"] = fraction(&Config::ceiling_max);
     s["monitor"] = boolean(&Config::monitor);
+    s["prewarm"] = boolean(&Config::prewarm);
     s["monitor_interval_ms"] = [](Config& c, std::string_view v, std::string_view k) {
       const uint64_t n = parse_count(v, k);
       PINS_CHECK_VALUE(n >= 1 && n <= kMaxMonitorIntervalMs,
@@ -244,6 +245,7 @@ std::string format_config(const Config& c) {
   v["ceiling_min"] = fraction_text(c.ceiling_min);
   v["ceiling_max"] = fraction_text(c.ceiling_max);
   v["monitor"] = c.monitor ? "true" : "false";
+  v["prewarm"] = c.prewarm ? "true" : "false";
   v["monitor_interval_ms"] = std::to_string(c.monitor_interval_ms);
   v["memory_max_age_us"] = std::to_string(c.memory_max_age_us);
   v["system_root"] = c.system_root;

@@ -74,6 +74,7 @@ struct Config {
   uint64_t lock_hysteresis = 2 * GiB;  // page-lock drops go this far under the ceiling
   bool monitor = true;                 // background thread that relieves RAM pressure
   uint64_t monitor_interval_ms = 200;  // poll period when PSI is unavailable
+  bool prewarm = true;                 // Note [Prewarm] (csrc/balancer/prewarm.h): commit pool memory ahead of a prompt
   uint64_t memory_max_age_us = 5000;   // Note [Memory readings]: how long a reading of system memory stands
   std::string system_root = "/";       // where /proc and /sys are read (tests use fixtures); Linux only
 

@@ -12,6 +12,10 @@
 //   lock      page-locks a committed range so the device can DMA from it; a
 //             locked range is unlocked exactly as it was locked (same base,
 //             same size) before it is decommitted.
+// Only lock and unlock pair exactly. An unlocked range the pool decommits or
+// locks may span several commit() calls or be part of one (it joins and cuts
+// prewarmed extents, Note [Host pool layout] in pool.h); never more than one
+// reserve()d range.
 // Calls may block (page faults, driver calls): the pool never makes them while
 // holding its lock. One backend per file: backend_cpu_linux.cpp or
 // backend_cpu_win.cpp (the build picks the system's), backend_null.cpp,

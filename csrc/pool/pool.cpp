@@ -24,6 +24,8 @@ struct HostPool::Extent {
   uint64_t idle_since = 0;
   bool unlocking = false;     // an unlock() is between its two lock holds
   bool decommitting = false;  // picked by pick_idle(); decommit() owns it until it relocks
+  bool prewarmed = false;     // committed by prewarm(), idle and unlocked, not cut yet
+  bool locking = false;       // cut from prewarmed memory, its lock() in flight: no block, in no list
 };
 
 struct HostPool::Block {
@@ -105,6 +107,13 @@ HostPool::Block* HostPool::take_free(size_t asize, bool locked) {
   auto it = set.lower_bound({asize, 0});
   if (it == set.end()) return nullptr;
   Block* b = blocks_.at(it->second).get();
+  if (b->ext->prewarmed) {
+    // Note [Host pool layout]: cut to the extent this request would commit.
+    Extent* e = take_prewarmed(b->ext, std::min(b->ext->size, extent_size(round_page(asize))));
+    list_idle(e);
+    it = set.find({e->size, e->base});
+    b = blocks_.at(e->base).get();
+  }
   set.erase(it);
   if (b->ext->used == 0) {
     idle_.erase({b->ext->idle_since, b->ext});
@@ -150,6 +159,39 @@ void* HostPool::try_allocate(size_t size, bool lock) {
   MutexLock g(mu_);
   for (;;) {
     if (Block* b = take_free(asize, want_lock)) return finish(b, size);
+
+    // Note [Host pool layout]: a locked request locks a cut of prewarmed memory.
+    if (want_lock) {
+      if (Extent* pre = find_prewarmed(need)) {
+        Extent* e = take_prewarmed(pre, std::min(pre->size, extent_size(need)));
+        e->locking = true;
+        g.unlock();
+        int64_t t0 = 0, t1 = 0;
+        int lrc = 0;
+        {
+          PINS_RANGE("pins::register");
+          t0 = monotonic_ns();
+          lrc = backend_->lock(reinterpret_cast<void*>(e->base), e->size);
+          t1 = monotonic_ns();
+        }
+        g.lock();
+        e->locking = false;
+        if (lrc != 0) {
+          stats_.lock_failures++;
+          stats_.refusals++;
+          list_idle(e);  // committed, unlocked and idle: reused or decommitted like any other
+          return nullptr;
+        }
+        e->locked = true;
+        stats_.registrations++;
+        stats_.lock_ns += t1 - t0;
+        stats_.locked_bytes.increase(static_cast<int64_t>(e->size));
+        list_idle(e);
+        Block* got = take_free(asize, true);
+        PINS_ASSERT(got != nullptr);
+        return finish(got, size);
+      }
+    }
 
     // A new extent: at least extent_min, but never more than the cap allows.
     if (cap_ != 0 && stats_.committed_bytes.current + committing_ + need > cap_) {
@@ -298,6 +340,145 @@ void HostPool::release(Block* b) {
   }
 }
 
+void HostPool::list_idle(Extent* e) {
+  auto b = std::make_unique<Block>();
+  b->addr = e->base;
+  b->size = e->size;
+  b->ext = e;
+  free_[e->locked].insert({b->size, b->addr});
+  blocks_.emplace(b->addr, std::move(b));
+  e->idle_since = ++clock_;
+  idle_.insert({e->idle_since, e});
+  idle_bytes_ += e->size;
+}
+
+HostPool::Extent* HostPool::split_prewarmed(Extent* e, size_t esize) {
+  PINS_ASSERT(e->prewarmed && e->used == 0 && esize > 0 && esize <= e->size && esize % page_ == 0);
+  free_[0].erase({e->size, e->base});
+  idle_.erase({e->idle_since, e});
+  idle_bytes_ -= e->size;
+  blocks_.erase(e->base);
+  e->prewarmed = false;
+  if (e->size > esize) {
+    auto rest = std::make_unique<Extent>(Extent{e->base + esize, e->size - esize, e->seg, false});
+    rest->prewarmed = true;
+    Extent* r = rest.get();
+    extents_.emplace(r->base, std::move(rest));
+    e->size = esize;
+    list_idle(r);
+  }
+  stats_.prewarmed_bytes.decrease(static_cast<int64_t>(esize));
+  return e;
+}
+
+HostPool::Extent* HostPool::take_prewarmed(Extent* e, size_t esize) {
+  split_prewarmed(e, esize);
+  stats_.prewarm_served++;
+  stats_.prewarm_served_bytes += static_cast<int64_t>(esize);
+  return e;
+}
+
+HostPool::Extent* HostPool::find_prewarmed(size_t bytes) const {
+  Extent* best = nullptr;
+  for (const auto& [since, e] : idle_)
+    if (e->prewarmed && e->size >= bytes && (best == nullptr || e->size < best->size)) best = e;
+  return best;
+}
+
+void HostPool::join_extents(Extent* a, Extent* b) {
+  for (Extent* x : {a, b}) {
+    free_[0].erase({x->size, x->base});
+    idle_.erase({x->idle_since, x});
+    idle_bytes_ -= x->size;
+    blocks_.erase(x->base);
+  }
+  a->size += b->size;
+  extents_.erase(b->base);  // destroys b
+  list_idle(a);
+}
+
+HostPool::Extent* HostPool::join_prewarmed(Extent* e) {
+  auto it = extents_.find(e->base);
+  if (auto next = std::next(it); next != extents_.end()) {
+    Extent* n = next->second.get();
+    if (n->prewarmed && n->seg == e->seg && n->base == e->base + e->size) join_extents(e, n);
+  }
+  it = extents_.find(e->base);
+  if (it != extents_.begin()) {
+    Extent* p = std::prev(it)->second.get();
+    if (p->prewarmed && p->seg == e->seg && p->base + p->size == e->base) {
+      join_extents(p, e);
+      e = p;
+    }
+  }
+  return e;
+}
+
+size_t HostPool::prewarm(size_t bytes) {
+  PINS_CHECK_VALUE(bytes > 0 && bytes <= kMaxAllocation, "HostPool::prewarm: bytes must be from 1 to 2^48, got ",
+                   bytes);
+  const size_t esize = round_page(bytes);
+  MutexLock g(mu_);
+  uintptr_t addr = 0;
+  Segment* seg = nullptr;
+  for (;;) {
+    if (cap_ != 0 && stats_.committed_bytes.current + committing_ + esize > cap_) return 0;
+    // Continue the last prewarmed extent where its segment is free after it, so
+    // the two join (Note [Host pool layout]); else the best fit, as a commit does.
+    auto at = ranges_.find(prewarm_end_);
+    if (at != ranges_.end() && at->second.size >= esize) {
+      const Range r = at->second;
+      ranges_by_size_.erase({r.size, at->first});
+      ranges_.erase(at);
+      r.seg->free_space -= r.size;
+      addr = prewarm_end_;
+      seg = r.seg;
+      if (r.size > esize) add_range(addr + esize, r.size - esize, seg);
+      break;
+    }
+    if (take_range(esize, &addr, &seg)) break;
+    const size_t ssize = std::max(round_page(opts_.segment_size), esize);
+    g.unlock();
+    void* p = nullptr;
+    const int rc = backend_->reserve(ssize, &p);
+    g.lock();
+    if (rc != 0) return 0;
+    auto s = std::make_unique<Segment>(Segment{reinterpret_cast<uintptr_t>(p), ssize, 0});
+    Segment* sp = s.get();
+    segments_.emplace(sp->base, std::move(s));
+    stats_.segments++;
+    stats_.reserved_bytes.increase(static_cast<int64_t>(ssize));
+    add_range(sp->base, ssize, sp);
+  }
+  committing_ += esize;
+  g.unlock();
+  const int64_t t0 = monotonic_ns();
+  int rc = 0;
+  {
+    PINS_RANGE("pins::prewarm");
+    rc = backend_->commit(reinterpret_cast<void*>(addr), esize);
+  }
+  const int64_t t1 = monotonic_ns();
+  g.lock();
+  committing_ -= esize;
+  if (rc != 0) {
+    add_range(addr, esize, seg);
+    return 0;
+  }
+  stats_.prewarms++;
+  stats_.prewarm_ns += t1 - t0;
+  stats_.committed_bytes.increase(static_cast<int64_t>(esize));
+  stats_.prewarmed_bytes.increase(static_cast<int64_t>(esize));
+  auto e = std::make_unique<Extent>(Extent{addr, esize, seg, false});
+  e->prewarmed = true;
+  Extent* ep = e.get();
+  extents_.emplace(addr, std::move(e));
+  list_idle(ep);
+  join_prewarmed(ep);
+  prewarm_end_ = addr + esize;
+  return esize;
+}
+
 std::vector<HostPool::Extent*> HostPool::pick_idle(size_t over) {
   // Oldest idle extents first: the most recently freed are the likeliest reused.
   std::vector<Extent*> victims;
@@ -308,11 +489,23 @@ std::vector<HostPool::Extent*> HostPool::pick_idle(size_t over) {
       ++it;
       continue;
     }
+    if (e->prewarmed && e->size > round_page(over - got)) {
+      // Note [Host pool layout]: only what is over the limit; the rest stays prewarmed.
+      split_prewarmed(e, round_page(over - got));
+      e->decommitting = true;
+      got += e->size;
+      victims.push_back(e);
+      break;
+    }
     it = idle_.erase(it);
     idle_bytes_ -= e->size;
     free_[e->locked].erase({e->size, e->base});
     blocks_.erase(e->base);
     e->decommitting = true;
+    if (e->prewarmed) {
+      e->prewarmed = false;
+      stats_.prewarmed_bytes.decrease(static_cast<int64_t>(e->size));
+    }
     got += e->size;
     victims.push_back(e);
   }
@@ -638,7 +831,7 @@ PoolSnapshot HostPool::snapshot() const {
   out.ranges_by_size.assign(ranges_by_size_.begin(), ranges_by_size_.end());
   for (const auto& [base, e] : extents_)
     out.extents.push_back({e->base, e->size, e->seg->base, e->locked, e->unlocking, e->decommitting, e->used,
-                           e->idle_since});
+                           e->idle_since, e->prewarmed, e->locking});
   for (const auto& [addr, b] : blocks_)
     out.blocks.push_back({b->addr, b->size, b->requested, b->ext->base, b->prev ? b->prev->addr : 0,
                           b->next ? b->next->addr : 0, b->state, b->copies, b->fences.size()});

@@ -18,6 +18,21 @@
 // decommitted (RSS drops) and its range coalesces back into the segment's free
 // address space; a segment with nothing committed is released.
 //
+// Prewarmed extents (prewarm(), Note [Prewarm] in csrc/balancer/prewarm.h) are
+// idle, unlocked extents committed ahead of need. Two of them next to each
+// other in one segment join into one (prewarm() commits in small steps, each
+// continuing the last where the segment's free space allows), so a large
+// request finds them whole. A request takes prewarmed memory cut to the extent
+// it would have committed (the page-rounded request, or extent_min for one up
+// to half that): the cut is an extent of its own and the rest stays prewarmed,
+// so a pin never shares an extent it did not ask for, and its memory goes back
+// to the OS when it does, as if committed on the spot. A request that wants a
+// page-lock locks only the cut, after it is cut (the lock call runs unlocked;
+// the cut is then *being locked*: in no list, with no block). Prewarmed memory
+// is idle memory for everything else: it counts in idle_bytes(), and the
+// retain limit, trim() and the cap's decommits give it back like any other,
+// cut to what they need.
+//
 // Note [Fences protect blocks]
 // A fence recorded on a block (a copy in flight from it) keeps the block out of
 // reuse: a block freed while a fence is pending is parked and only returns to the
@@ -116,6 +131,15 @@ class HostPool {
   bool begin_copy(void* ptr) PINS_EXCLUDES(mu_);
   void end_copy(void* ptr, std::shared_ptr<Fence> fence = nullptr) PINS_EXCLUDES(mu_);
 
+  // Commits `bytes` (rounded up to whole pages) ahead of need as a prewarmed
+  // extent (Note [Host pool layout]): populated by the backend's commit() with
+  // the pool's lock released, never page-locked, listed idle. Returns the bytes
+  // committed; 0, with nothing changed, when the cap would be passed or the OS
+  // refuses. It decommits nothing to make room and leaves the retain limit to
+  // its caller (the balancer sets it first, Note [Prewarm]). A size of 0 or past
+  // kMaxAllocation is a pins::ValueError.
+  size_t prewarm(size_t bytes) PINS_EXCLUDES(mu_);
+
   // Decommits idle extents until at most `keep_idle` idle bytes remain (and
   // reaps parked blocks first). Returns the bytes decommitted.
   size_t trim(size_t keep_idle = 0) PINS_EXCLUDES(mu_);
@@ -171,6 +195,24 @@ class HostPool {
   Block* take_free(size_t asize, bool locked) PINS_REQUIRES(mu_);
   void release(Block* b) PINS_REQUIRES(mu_);
   std::vector<Extent*> pick_idle(size_t over) PINS_REQUIRES(mu_);
+  // The extent a request of `need` (whole pages) commits: extent_min when it
+  // is at most half that, else `need`.
+  size_t extent_size(size_t need) const { return 2 * need <= round_page(opts_.extent_min) ? round_page(opts_.extent_min) : need; }
+  // Lists `e` (no block yet) as an idle extent of one free block.
+  void list_idle(Extent* e) PINS_REQUIRES(mu_);
+  // Note [Host pool layout]: takes the first `esize` bytes (whole pages) of the
+  // listed prewarmed extent `e` out of every list, as an extent of their own
+  // with no block, no longer prewarmed (returned: `e` itself); the rest stays a
+  // listed prewarmed extent. take_prewarmed() counts it served to a request.
+  Extent* split_prewarmed(Extent* e, size_t esize) PINS_REQUIRES(mu_);
+  Extent* take_prewarmed(Extent* e, size_t esize) PINS_REQUIRES(mu_);
+  // The smallest prewarmed extent of at least `bytes`; nullptr when none.
+  Extent* find_prewarmed(size_t bytes) const PINS_REQUIRES(mu_);
+  // Joins the listed prewarmed extent `e` with prewarmed neighbours of its
+  // segment; returns the extent that holds it now.
+  Extent* join_prewarmed(Extent* e) PINS_REQUIRES(mu_);
+  // `a` takes its neighbour `b`: both listed idle, unlocked, in one segment.
+  void join_extents(Extent* a, Extent* b) PINS_REQUIRES(mu_);
   void decommit(std::vector<Extent*> victims) PINS_EXCLUDES(mu_);
   void add_range(uintptr_t addr, size_t size, Segment* seg) PINS_REQUIRES(mu_);
   bool take_range(size_t size, uintptr_t* addr, Segment** seg) PINS_REQUIRES(mu_);
@@ -201,6 +243,7 @@ class HostPool {
   size_t reaping_ PINS_GUARDED_BY(mu_) = 0;     // parked blocks a reap() holds outside parked_
   size_t idle_bytes_ PINS_GUARDED_BY(mu_) = 0;
   size_t retain_free_ PINS_GUARDED_BY(mu_);  // the retain limit (set_retain_free)
+  uintptr_t prewarm_end_ PINS_GUARDED_BY(mu_) = 0;  // where the last prewarm() ended: the next continues there
   uint64_t clock_ PINS_GUARDED_BY(mu_) = 0;
   std::map<uintptr_t, std::unique_ptr<Segment>> segments_ PINS_GUARDED_BY(mu_);
   std::map<uintptr_t, Range> ranges_ PINS_GUARDED_BY(mu_);  // uncommitted free address space

@@ -73,8 +73,17 @@ void check_segments_and_extents(const PoolSnapshot& s) {
 
   int64_t committed = 0;
   int64_t locked = 0;
+  int64_t prewarmed = 0;
   size_t extent_bytes = 0;
   for (const auto& e : s.extents) {
+    if (e.prewarmed) {
+      if (e.locked || e.unlocking || e.decommitting || e.locking || e.used != 0)
+        violated("prewarmed extent ", hex(e.base), " is not idle and unlocked (locked ", e.locked, ", unlocking ",
+                 e.unlocking, ", decommitting ", e.decommitting, ", locking ", e.locking, ", used ", e.used, ")");
+      prewarmed += static_cast<int64_t>(e.size);
+    }
+    if (e.locking && (e.locked || e.unlocking || e.decommitting))
+      violated("extent ", hex(e.base), " is being locked but is locked, unlocking or decommitting");
     inside(e.segment, e.base, e.size, "extent");
     if (s.page != 0 && (e.base % s.page != 0 || e.size % s.page != 0))
       violated("extent ", hex(e.base), " of ", e.size, " bytes is not page-aligned (page ", s.page, ")");
@@ -95,6 +104,8 @@ void check_segments_and_extents(const PoolSnapshot& s) {
     violated("committed_bytes is ", s.stats.committed_bytes.current, " but the extents sum to ", committed);
   if (locked != s.stats.locked_bytes.current)
     violated("locked_bytes is ", s.stats.locked_bytes.current, " but the locked extents sum to ", locked);
+  if (prewarmed != s.stats.prewarmed_bytes.current)
+    violated("prewarmed_bytes is ", s.stats.prewarmed_bytes.current, " but the prewarmed extents sum to ", prewarmed);
 }
 
 void check_blocks(const PoolSnapshot& s) {
@@ -113,8 +124,10 @@ void check_blocks(const PoolSnapshot& s) {
   int64_t copies = 0;
   for (const auto& e : s.extents) {
     auto it = blocks.find(e.base);
-    if (e.decommitting) {
-      if (it != blocks.end()) violated("extent ", hex(e.base), " is being decommitted but still has a block");
+    if (e.decommitting || e.locking) {
+      if (it != blocks.end())
+        violated("extent ", hex(e.base), " is being ", e.decommitting ? "decommitted" : "locked",
+                 " but still has a block");
       continue;
     }
     if (it == blocks.end()) violated("extent ", hex(e.base), " has no block at its base");

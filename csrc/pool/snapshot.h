@@ -12,16 +12,19 @@
 //    other nor a free range; the segments' used space (size - free_space) is the
 //    sum of the extents plus the bytes being committed; committed_bytes is the
 //    sum of the extents and locked_bytes the sum of those locked (or between the
-//    two lock holds of an unlock());
+//    two lock holds of an unlock()), prewarmed_bytes the sum of the prewarmed
+//    extents;
 //  - blocks tile each extent exactly: from the extent's base, following next,
 //    each block starts where the previous one ends, prev points back, the last
 //    ends at the extent's end, and every block belongs to one such chain; no
 //    two free blocks are neighbours (they coalesce); an extent being
-//    decommitted has no blocks;
+//    decommitted or being locked has no blocks; a prewarmed extent is idle,
+//    unlocked and neither being unlocked nor locked;
 //  - the free sets list exactly the free blocks, each in the set of its
 //    extent's lock state; an extent's `used` counts its allocated and parked
 //    blocks; the idle set lists exactly the extents with none (not being
-//    decommitted), each as one free block, and idle_bytes is their sum;
+//    decommitted or locked), each as one free block, and idle_bytes is their
+//    sum;
 //  - allocated_bytes, requested_bytes and blocks are the sums over allocated
 //    blocks; parked blocks are those in the parked list plus those a reap()
 //    holds between its two lock holds;
@@ -62,6 +65,8 @@ struct PoolSnapshot {
     bool decommitting = false;  // picked for decommit, backend calls in flight
     size_t used = 0;            // allocated and parked blocks
     uint64_t idle_since = 0;
+    bool prewarmed = false;     // committed ahead of need, not cut yet (Note [Host pool layout])
+    bool locking = false;       // cut from prewarmed memory, its lock() in flight
   };
   struct Block {
     uintptr_t addr = 0;

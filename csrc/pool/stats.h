@@ -34,6 +34,7 @@ struct PoolStats {
   Stat requested_bytes;   // bytes callers asked for, in live blocks
   Stat blocks;            // live blocks
   Stat copies;            // copies begun and not ended (Note [Copies from a block])
+  Stat prewarmed_bytes;   // bytes committed ahead of need and not taken yet (HostPool::prewarm)
 
   int64_t allocations = 0;     // COUNT successful allocations
   int64_t frees = 0;           // COUNT frees
@@ -50,20 +51,25 @@ struct PoolStats {
   int64_t commit_ns = 0;       // SUM time spent committing
   int64_t lock_ns = 0;         // SUM time spent page-locking
   int64_t unlock_ns = 0;       // SUM time spent unlocking
+  int64_t prewarms = 0;        // COUNT prewarm() calls that committed (not in `commits`)
+  int64_t prewarm_ns = 0;      // SUM time prewarm() spent committing (not in `commit_ns`)
+  int64_t prewarm_served = 0;  // COUNT extents cut from prewarmed memory for a request
+  int64_t prewarm_served_bytes = 0;  // SUM bytes of those extents
 
   const char* backend = "";    // which backend serves the pool
 
   void reset_accumulated() {
     for (Stat* s : {&reserved_bytes, &committed_bytes, &locked_bytes, &allocated_bytes, &requested_bytes, &blocks,
-                    &copies})
+                    &copies, &prewarmed_bytes})
       s->reset_accumulated();
     allocations = frees = refusals = deferred_frees = segments = commits = decommits = 0;
     registrations = unregistrations = lock_failures = busy_unlocks = copy_refusals = 0;
     commit_ns = lock_ns = unlock_ns = 0;
+    prewarms = prewarm_ns = prewarm_served = prewarm_served_bytes = 0;
   }
   void reset_peak() {
     for (Stat* s : {&reserved_bytes, &committed_bytes, &locked_bytes, &allocated_bytes, &requested_bytes, &blocks,
-                    &copies})
+                    &copies, &prewarmed_bytes})
       s->reset_peak();
   }
 };

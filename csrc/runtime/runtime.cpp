@@ -84,7 +84,8 @@ Runtime::Runtime(const SourcedConfig& sc)
       probe_(std::make_unique<SystemMemoryProbe>(sc.config.system_root,
                                                  static_cast<int64_t>(sc.config.memory_max_age_us) * 1000)),
       balancer_(std::make_unique<Balancer>(sc.config, pool_, *probe_)),
-      monitor_(sc.config.monitor ? start_monitor(sc.config.monitor_interval_ms, sc.config.system_root) : nullptr) {
+      monitor_(sc.config.monitor ? start_monitor(sc.config.monitor_interval_ms, sc.config.system_root) : nullptr),
+      prewarmer_(sc.config.prewarm ? start_prewarmer() : nullptr) {
   // Note [Fork safety]: handlers registered once, before the first Runtime is
   // listed; they find every Runtime through the list.
   static const int registered = at_fork(&Runtime::prepare_fork, &Runtime::after_fork, &Runtime::after_fork);
@@ -136,12 +137,17 @@ std::unique_ptr<PressureMonitor> Runtime::start_monitor(uint64_t interval_ms, co
       std::chrono::milliseconds(interval_ms), root);
 }
 
+std::unique_ptr<Prewarmer> Runtime::start_prewarmer() { return std::make_unique<Prewarmer>(*balancer_); }
+
 void Runtime::configure(std::string_view conf) {
   std::unique_ptr<PressureMonitor> old;  // destroyed (joined) after mu_ is released
+  std::unique_ptr<Prewarmer> old_prewarmer;  // likewise
   bool start = false;
   uint64_t interval_ms = 0;
   std::string root;
   uint64_t generation = 0;
+  bool start_prewarm = false;
+  uint64_t prewarm_generation = 0;
   {
     MutexLock g(mu_);
     const Config next = parse_config(conf, config_);
@@ -176,6 +182,22 @@ void Runtime::configure(std::string_view conf) {
       interval_ms = next.monitor_interval_ms;
       root = next.system_root;
     }
+    // Note [Prewarm]: the same for the prewarm's thread.
+    const bool prewarm_inherited = prewarmer_ != nullptr && prewarmer_->inherited();
+    if (prewarm_inherited || (next.prewarm != (prewarmer_ != nullptr))) {
+      old_prewarmer = std::move(prewarmer_);
+      prewarm_generation = ++prewarm_generation_;
+      start_prewarm = next.prewarm;
+    }
+  }
+  old_prewarmer.reset();  // joins the old thread, no lock held
+  if (start_prewarm) {
+    std::unique_ptr<Prewarmer> fresh = start_prewarmer();
+    {
+      MutexLock g(mu_);
+      if (prewarm_generation == prewarm_generation_) std::swap(prewarmer_, fresh);
+    }
+    // One a later configure() replaced meanwhile is joined here, unlocked.
   }
   old.reset();  // joins the old monitor's thread, no lock held
   if (!start) return;
@@ -186,6 +208,23 @@ void Runtime::configure(std::string_view conf) {
     // this one is dropped below, unlocked.
     if (generation == monitor_generation_) std::swap(monitor_, fresh);
   }
+}
+
+void Runtime::wake_prewarm() {
+  MutexLock g(mu_);
+  if (prewarmer_ != nullptr && !prewarmer_->inherited()) prewarmer_->wake();
+}
+
+Runtime::PrewarmStatus Runtime::prewarm_status() const {
+  MutexLock g(mu_);
+  PrewarmStatus s;
+  if (prewarmer_ == nullptr || prewarmer_->inherited()) return s;
+  s.running = true;
+  s.busy = prewarmer_->busy();
+  s.rounds = prewarmer_->rounds();
+  s.committed = prewarmer_->committed();
+  s.errors = prewarmer_->errors();
+  return s;
 }
 
 Config Runtime::config() const {

@@ -26,6 +26,10 @@
 //    Its headroom is read from an atomic of the runtime, not under the
 //    balancer's lock, so the monitor thread never holds that lock but to
 //    relieve pressure.
+//  - The prewarm's thread (Note [Prewarm] in csrc/balancer/prewarm.h) is
+//    handled as the monitor's: the child's Prewarmer has none and never
+//    touches what the parent's thread waits on; wake_prewarm() does nothing
+//    there until the child's next configure() starts its own.
 //  - The pool's memory is copied on write; its page-locks are the parent's
 //    (mlock is not inherited; a CUDA registration belongs to the parent's CUDA
 //    context, which a child must not use, as CUDA itself requires).
@@ -43,6 +47,7 @@
 #include <vector>
 
 #include "csrc/balancer/balancer.h"
+#include "csrc/balancer/prewarm.h"
 #include "csrc/base/thread_safety.h"
 #include "csrc/pool/pool.h"
 #include "csrc/config/config.h"
@@ -69,16 +74,17 @@ class Runtime {
 
   // A runtime of its own, from `c` (tests; the process uses get()). Builds the
   // pool (make_backend(c.backend, c.mlock), pool_options(c)), the probe of
-  // c.system_root, the balancer over both and, when c.monitor, the monitor.
-  // Throws pins::ValueError when the backend cannot be built, pins::ResourceError
-  // when the monitor cannot start.
+  // c.system_root, the balancer over both, when c.monitor the monitor and when
+  // c.prewarm the Prewarmer (Note [Prewarm]). Throws pins::ValueError when the
+  // backend cannot be built, pins::ResourceError when a thread cannot start.
   explicit Runtime(const Config& c);
   // The same from a configuration and its sources (what config_sources() says;
   // Runtime(const Config&) says "given" for every key).
   explicit Runtime(const SourcedConfig& sc);
-  // Stops the monitor (joins its thread), then destroys the balancer (its pins
-  // go back to the pool), the probe and the pool: no other block of the pool may
-  // be live by then, and no other thread may be using the runtime.
+  // Stops the Prewarmer and the monitor (joins their threads), then destroys the
+  // balancer (its pins go back to the pool), the probe and the pool: no other
+  // block of the pool may be live by then, and no other thread may be using
+  // the runtime.
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -105,6 +111,19 @@ class Runtime {
   // configure() starts the child's own, Note [Fork safety]).
   bool monitor_running() const PINS_EXCLUDES(mu_);
 
+  // Note [Prewarm]: a round of the prewarm, when one runs here (`prewarm` on,
+  // not a fork child's copy). The ops call it after mark_prompt with models
+  // and set_active(model, true). Returns at once.
+  void wake_prewarm() PINS_EXCLUDES(mu_);
+  struct PrewarmStatus {
+    bool running = false;    // a Prewarmer whose thread runs in this process
+    bool busy = false;       // a round asked for or running
+    uint64_t rounds = 0;     // COUNT rounds run
+    uint64_t committed = 0;  // SUM bytes committed ahead of need
+    uint64_t errors = 0;     // COUNT steps that threw
+  };
+  PrewarmStatus prewarm_status() const PINS_EXCLUDES(mu_);
+
   // The monitor's counters (PressureMonitor), zero when none runs here.
   struct MonitorStatus {
     bool running = false;      // monitor_running()
@@ -121,6 +140,8 @@ class Runtime {
   // read under `root`. Called without mu_ held: it starts a thread and opens
   // /proc files.
   std::unique_ptr<PressureMonitor> start_monitor(uint64_t interval_ms, const std::string& root) PINS_EXCLUDES(mu_);
+  // Starts a Prewarmer's thread: called without mu_ held, as start_monitor.
+  std::unique_ptr<Prewarmer> start_prewarmer() PINS_EXCLUDES(mu_);
 
   // Note [Fork safety]: the pthread_atfork handlers (after_fork serves both
   // the parent and the child).
@@ -149,6 +170,10 @@ class Runtime {
   // Bumped by every configure() that changes the monitor's settings; a monitor
   // built outside mu_ is installed only if no later change came first.
   uint64_t monitor_generation_ PINS_GUARDED_BY(mu_) = 0;
+  // Note [Prewarm]; declared last, so destroyed (joined) first: its thread
+  // calls the balancer. Replaced by configure() as the monitor is.
+  std::unique_ptr<Prewarmer> prewarmer_ PINS_GUARDED_BY(mu_);
+  uint64_t prewarm_generation_ PINS_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pins

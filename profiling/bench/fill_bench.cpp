@@ -11,7 +11,16 @@
 //          reuses warm pages.
 //   cold   the same new pin into pages never touched: its model forgotten and
 //          the pool trimmed to nothing after each, so every pin commits (and
-//          populates) fresh pages on the hot path: the worst case.
+//          populates) fresh pages on the hot path: the worst case. Three ways:
+//          - prewarm off: as it was before the prewarm (Note [Prewarm] in
+//            csrc/balancer/prewarm.h);
+//          - prewarmed (the default configuration): the model is registered
+//            with its size, and before each pin it is marked in the prompt and
+//            the prewarm woken, as load_models_gpu does in ComfyUI; the bench
+//            waits for the prewarm (untimed, printed: the time a model load
+//            gives it) and then times the pin, which finds its pages backed;
+//          - racing: the same, but the pin is timed at once after the wake-up,
+//            with the prewarm running beside it (no lead time).
 //   warm, N threads   memcpy into the warm pool block in N chunks on N threads
 //          (N = --threads, default 2): what a chunked fill gains here.
 // Ratios are baseline time / pins time: 1.0 is as fast as the warm memcpy.
@@ -20,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
@@ -29,6 +39,7 @@
 #include <vector>
 
 #include "csrc/balancer/balancer.h"
+#include "csrc/balancer/prewarm.h"
 #include "csrc/pool/pool.h"
 #include "csrc/config/config.h"
 #include "csrc/system/sysmem.h"
@@ -42,14 +53,41 @@ namespace {
 class FreshFill {
  public:
   enum class Drop { Evict, Forget, ForgetTrim };
+  // Note [Prewarm]: none, woken and waited for before the pin, woken just before it.
+  enum class Prewarm { Off, Ahead, Racing };
 
-  FreshFill(std::string label, const std::string& conf, Drop drop)
+  FreshFill(std::string label, const std::string& conf, Drop drop, Prewarm prewarm = Prewarm::Off,
+            size_t size = 0)
       : label_(std::move(label)),
         config_(parse_config(conf)),
         pool_(make_cpu_backend(config_.mlock), pool_options(config_)),
         bal_(config_, pool_, probe_),
-        drop_(drop) {
-    model_ = bal_.register_model("fill", "cpu");
+        drop_(drop),
+        prewarm_(prewarm) {
+    options_.size = prewarm == Prewarm::Off ? 0 : size;
+    model_ = bal_.register_model("fill", "cpu", options_);
+    if (prewarm_ != Prewarm::Off) prewarmer_ = std::make_unique<Prewarmer>(bal_);
+  }
+
+  // Untimed: the model marked in the prompt and the prewarm woken; waited for when Ahead.
+  void before_fill() {
+    if (prewarm_ == Prewarm::Off) return;
+    const PoolStats before = pool_.stats();
+    const double t = time_seconds([&] {
+      bal_.mark_prompt({model_});
+      prewarmer_->wake();
+      if (prewarm_ == Prewarm::Ahead) wait_prewarm();
+    });
+    if (prewarm_ == Prewarm::Ahead) {
+      prewarm_s_.push_back(t);
+      prewarm_bytes_ += pool_.stats().prewarmed_bytes.allocated - before.prewarmed_bytes.allocated;
+    }
+  }
+  // Untimed: a racing prewarm finishes, the prompt ends.
+  void after_fill() {
+    if (prewarm_ == Prewarm::Off) return;
+    wait_prewarm();
+    bal_.end_prompt();
   }
 
   // acquire + memcpy + filled + release of a new pin of `size`: the timed part.
@@ -73,6 +111,7 @@ class FreshFill {
     fill_s_.push_back(t);
     commit_s_.push_back(double(after.commit_ns - before.commit_ns) * 1e-9);
     commits_ += after.commits - before.commits;
+    served_ += after.prewarm_served_bytes - before.prewarm_served_bytes;
     return t;
   }
 
@@ -84,7 +123,7 @@ class FreshFill {
         if (bal_.free(size) < size) throw std::runtime_error("Balancer::free did not evict the pin");
       } else {
         bal_.forget_model(model_);
-        model_ = bal_.register_model("fill", "cpu");
+        model_ = bal_.register_model("fill", "cpu", options_);
         if (drop_ == Drop::ForgetTrim) pool_.trim(0);
       }
     }));
@@ -99,9 +138,16 @@ class FreshFill {
                : drop_ == Drop::Forget ? "drop: forget_model (untimed)"
                                        : "drop: forget_model + HostPool::trim(0) (untimed)",
                drop_s_, 1e3, "ms");
+    if (!prewarm_s_.empty()) print_reps("prewarm before the pin (untimed)", prewarm_s_, 1e3, "ms");
     std::printf("  extents committed %lld, decommitted %lld over %zu pins; ratio %.3f\n",
                 static_cast<long long>(commits_), static_cast<long long>(decommits_), fill_s_.size(),
                 baseline_median / median(fill_s_));
+    if (prewarm_ != Prewarm::Off)
+      std::printf("  prewarm: %.1f MiB committed ahead per pin, %.1f MiB of the pins' memory came from it (rounds %llu, errors %llu)\n",
+                  double(prewarm_bytes_) / double(fill_s_.size()) / double(MiB),
+                  double(served_) / double(fill_s_.size()) / double(MiB),
+                  static_cast<unsigned long long>(prewarmer_->rounds()),
+                  static_cast<unsigned long long>(prewarmer_->errors()));
   }
   double median_fill() const { return median(fill_s_); }
 
@@ -112,10 +158,17 @@ class FreshFill {
   SystemMemoryProbe probe_;
   Balancer bal_;
   Drop drop_;
+  Prewarm prewarm_;
+  ModelOptions options_;
+  std::unique_ptr<Prewarmer> prewarmer_;  // declared after bal_: stopped before it goes
   ModelId model_ = -1;
   uint64_t next_key_ = 0;
-  std::vector<double> fill_s_, commit_s_, drop_s_;
-  int64_t commits_ = 0, decommits_ = 0;
+  std::vector<double> fill_s_, commit_s_, drop_s_, prewarm_s_;
+  int64_t commits_ = 0, decommits_ = 0, served_ = 0, prewarm_bytes_ = 0;
+
+  void wait_prewarm() {
+    while (prewarmer_->busy()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 };
 
 // memcpy in `threads` contiguous chunks, one per thread (this one does the first).
@@ -183,8 +236,15 @@ int fill_main(const std::vector<std::string>& args) {
   std::vector<std::unique_ptr<FreshFill>> fresh;
   fresh.push_back(std::make_unique<FreshFill>("fresh: default config, evicted by Balancer::free", "",
                                               FreshFill::Drop::Evict));
-  fresh.push_back(std::make_unique<FreshFill>("cold: default config, forgotten and trimmed (fresh pages every pin)",
-                                              "", FreshFill::Drop::ForgetTrim));
+  fresh.push_back(std::make_unique<FreshFill>(
+      "cold: prewarm off, forgotten and trimmed (fresh pages every pin, committed on the hot path)", "prewarm:false",
+      FreshFill::Drop::ForgetTrim));
+  fresh.push_back(std::make_unique<FreshFill>(
+      "cold+prewarm: default config, forgotten and trimmed; the prewarm commits the pin's size ahead, waited for",
+      "", FreshFill::Drop::ForgetTrim, FreshFill::Prewarm::Ahead, size));
+  fresh.push_back(std::make_unique<FreshFill>(
+      "cold+racing: the same, the pin timed at once after the prewarm's wake-up (no lead time)", "",
+      FreshFill::Drop::ForgetTrim, FreshFill::Prewarm::Racing, size));
 
   // Repetitions interleave every variant, so a neighbour's load hits them alike.
   std::vector<double> base_s, warm_s, warm_mt_s;
@@ -202,7 +262,9 @@ int fill_main(const std::vector<std::string>& args) {
       keep(block);
     }));
     for (auto& f : fresh) {
+      f->before_fill();
       f->fill(src.get(), size);
+      f->after_fill();
       f->drop(size);
     }
   }
@@ -220,9 +282,13 @@ int fill_main(const std::vector<std::string>& args) {
   std::printf("  ratio %.3f\n", base / median(warm_mt_s));
   for (const auto& f : fresh) f->print(base);
   std::printf("(extents decommitted by the eviction or drop mean the next pin commits fresh pages)\n");
-  std::printf("RESULT fill_warm_ratio=%.3f fill_fresh_ratio=%.3f fill_cold_ratio=%.3f fill_warm_mt_ratio=%.3f\n",
-              base / median(warm_s), base / fresh[0]->median_fill(), base / fresh[1]->median_fill(),
-              base / median(warm_mt_s));
+  // fill_cold_ratio is the default configuration's (prewarm on, given the lead time a model load gives it);
+  // fill_cold_noprewarm_ratio the same pin with the prewarm off, fill_cold_racing_ratio with no lead time.
+  std::printf(
+      "RESULT fill_warm_ratio=%.3f fill_fresh_ratio=%.3f fill_cold_ratio=%.3f fill_cold_noprewarm_ratio=%.3f "
+      "fill_cold_racing_ratio=%.3f fill_warm_mt_ratio=%.3f\n",
+      base / median(warm_s), base / fresh[0]->median_fill(), base / fresh[2]->median_fill(),
+      base / fresh[1]->median_fill(), base / fresh[3]->median_fill(), base / median(warm_mt_s));
   return 0;
 }
 

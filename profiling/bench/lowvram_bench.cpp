@@ -8,7 +8,20 @@
 // model's bytes, so pins stop growing when about that much is pinned. Each
 // policy gets a fresh model; forget_model frees its pins afterwards.
 // Ratios are pins pass time / plain pass time: first pass, and the median of
-// passes 2..P over the median of the plain ones. --device cuda:0 casts to a
+// passes 2..P over the median of the plain ones.
+//
+// Each policy runs once per prewarm variant (Note [Prewarm] in
+// csrc/balancer/prewarm.h; --prewarm), the model registered with its size:
+//   ahead    the default configuration: before each pins pass (untimed, after
+//            the plain pass) the model is marked in the prompt, which wakes the
+//            prewarm, and the bench waits for it; the time is printed (what a
+//            model load gives it in ComfyUI, where load_models_gpu marks the
+//            model before loading it). Keys first_pass_ratio_<policy>, ...
+//   off      prewarm:false, the figures as before the prewarm. Keys ..._noprewarm.
+//   racing   prewarm on, the pass timed from the wake-up (no lead time: the
+//            prewarm runs beside the casts). Keys ..._racing.
+// Between variants the pins are forgotten and the pool's idle memory given
+// back (free_pins), so each first pass starts with no warm memory. --device cuda:0 casts to a
 // GPU instead (profiling/gpu_check.sh): the plain side is then
 // `w.to(device, torch::kBFloat16)`, and each pass ends when the device is done.
 //
@@ -19,9 +32,11 @@
 #include <ATen/Parallel.h>
 #include <pins/ops.h>
 
+#include <chrono>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "csrc/base/size.h"
@@ -53,6 +68,7 @@ std::string human(uint64_t bytes) {
 int lowvram_main(const std::vector<std::string>& args) {
   int layers = 200, layer_mib = 32, passes = 5;
   std::vector<std::string> policies = {"mru", "lru", "trace"};
+  std::vector<std::string> prewarms = {"off", "ahead", "racing"};
   std::string device_name = "cpu";
   for (Args a(args); a.next();) {
     if (a.is("--layers")) {
@@ -64,6 +80,8 @@ int lowvram_main(const std::vector<std::string>& args) {
       if (passes < 2) throw std::invalid_argument("--passes: expected at least 2 (a first and a steady pass), got 1");
     } else if (a.is("--policies")) {
       policies = a.choice_list({"mru", "lru", "trace"});
+    } else if (a.is("--prewarm")) {
+      prewarms = a.choice_list({"off", "ahead", "racing"});
     } else if (a.is("--device")) {
       device_name = a.value();
     } else {
@@ -94,9 +112,17 @@ int lowvram_main(const std::vector<std::string>& args) {
   weights.reserve(layers);
   for (int i = 0; i < layers; ++i) weights.push_back(i == 0 ? first : first.clone());
 
+  // Note [Prewarm]: until the prewarm's round (if any) is over, polling its counter.
+  const auto wait_prewarm = [] {
+    while (counter(pins::ops::stats(), "prewarm_busy") != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+
   std::string result;
-  char buf[160];
+  char buf[200];
   for (const std::string& policy : policies) {
+   for (const std::string& prewarm : prewarms) {
+    const bool on = prewarm != "off";
+    const std::string suffix = prewarm == "ahead" ? "" : prewarm == "off" ? "_noprewarm" : "_racing";
     // The budget: pins may take MemAvailable down to `floor`, which leaves about half the model pinned.
     const uint64_t available = SystemMemoryProbe().read().available;
     const uint64_t target = model_bytes / 2;
@@ -106,15 +132,20 @@ int lowvram_main(const std::vector<std::string>& args) {
                                " MiB: try fewer --layers");
     const uint64_t floor = available - target;
     const std::string conf = "policy:" + policy + ",headroom:" + std::to_string(floor) +
-                             ",pin_reserve:" + std::to_string(floor);
+                             ",pin_reserve:" + std::to_string(floor) + ",prewarm:" + (on ? "true" : "false");
     pins::ops::configure(conf);
-    std::printf("%s: MemAvailable %s; configure(\"%s\")\n  (headroom = pin_reserve = %s: pins stop at about %s, "
-                "half the model)\n",
-                policy.c_str(), human(available).c_str(), conf.c_str(), human(floor).c_str(), human(target).c_str());
-    const int64_t model = pins::ops::register_model("lowvram-" + policy, device);
+    std::printf("%s, prewarm %s: MemAvailable %s; configure(\"%s\")\n  (headroom = pin_reserve = %s: pins stop at "
+                "about %s, half the model)\n",
+                policy.c_str(), prewarm.c_str(), human(available).c_str(), conf.c_str(), human(floor).c_str(),
+                human(target).c_str());
+    // Its size registered: what its first prompt is expected to pin (Note [Prewarm]).
+    const int64_t model = pins::ops::register_model("lowvram-" + policy + suffix, device, false,
+                                                    static_cast<int64_t>(model_bytes));
+    std::vector<double> prewarm_s;
 
     std::vector<double> plain_s, pins_s;
     for (int pass = 0; pass < passes; ++pass) {
+      const c10::Dict<std::string, int64_t> pass_start = pins::ops::stats();
       plain_s.push_back(time_seconds([&] {
         at::Tensor last;
         for (const at::Tensor& w : weights) {
@@ -123,6 +154,12 @@ int lowvram_main(const std::vector<std::string>& args) {
         }
         finish(last);
       }));
+      if (prewarm == "ahead") {  // untimed: the lead a model load gives the prewarm
+        prewarm_s.push_back(time_seconds([&] {
+          pins::ops::mark_prompt({model});
+          wait_prewarm();
+        }));
+      }
       const c10::Dict<std::string, int64_t> before = pins::ops::stats();
       pins_s.push_back(time_seconds([&] {
         pins::ops::mark_prompt({model});
@@ -134,16 +171,21 @@ int lowvram_main(const std::vector<std::string>& args) {
         finish(last);
         pins::ops::end_prompt();
       }));
+      wait_prewarm();  // untimed: a racing round ends before the next plain pass
       const c10::Dict<std::string, int64_t> after = pins::ops::stats();
       const auto delta = [&](const char* k) { return counter(after, k) - counter(before, k); };
       std::printf("  pass %d: plain %.3f s, pins %.3f s (x%.2f); hits %lld, misses %lld, evictions %lld, refusals "
-                  "%lld; pinned %s\n",
+                  "%lld; pinned %s; prewarmed %s, of which pins took %s\n",
                   pass + 1, plain_s.back(), pins_s.back(), pins_s.back() / plain_s.back(),
                   static_cast<long long>(delta("hits")), static_cast<long long>(delta("misses")),
                   static_cast<long long>(delta("evictions")), static_cast<long long>(delta("refusals")),
-                  human(static_cast<uint64_t>(counter(after, "pinned_bytes"))).c_str());
+                  human(static_cast<uint64_t>(counter(after, "pinned_bytes"))).c_str(),
+                  human(static_cast<uint64_t>(counter(after, "prewarm_bytes") - counter(pass_start, "prewarm_bytes")))
+                      .c_str(),
+                  human(static_cast<uint64_t>(delta("prewarm_served_bytes"))).c_str());
     }
     pins::ops::forget_model(model);
+    pins::ops::free_pins(int64_t{1} << 40, true);  // and the idle memory: the next variant starts cold
 
     const double first_ratio = pins_s[0] / plain_s[0];
     const std::vector<double> plain_steady(plain_s.begin() + 1, plain_s.end());
@@ -151,10 +193,12 @@ int lowvram_main(const std::vector<std::string>& args) {
     const double steady_ratio = median(pins_steady) / median(plain_steady);
     print_reps("plain w.to(bf16) pass", plain_s, 1, "s");
     print_reps("pins pass", pins_s, 1, "s");
+    if (!prewarm_s.empty()) print_reps("prewarm before the pass (untimed)", prewarm_s, 1, "s");
     std::printf("  first pass x%.3f, steady passes (median of 2..%d) x%.3f\n\n", first_ratio, passes, steady_ratio);
-    std::snprintf(buf, sizeof buf, " first_pass_ratio_%s=%.3f steady_pass_ratio_%s=%.3f", policy.c_str(), first_ratio,
-                  policy.c_str(), steady_ratio);
+    std::snprintf(buf, sizeof buf, " first_pass_ratio_%s%s=%.3f steady_pass_ratio_%s%s=%.3f", policy.c_str(),
+                  suffix.c_str(), first_ratio, policy.c_str(), suffix.c_str(), steady_ratio);
     result += buf;
+   }
   }
   std::printf("RESULT%s\n", result.c_str());
   return 0;

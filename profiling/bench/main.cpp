@@ -29,9 +29,10 @@ const Benchmark kBenchmarks[] = {
      "  --data FILE   model parameter list (default: profiling/data/model_params.csv)\n"
      "  --reps N      timing repetitions; the best one counts (default: 15)\n"},
     {"fill", &pins::bench::fill_main,
-     "filling a pin: warm, a new pin through Balancer::acquire after an eviction, a new pin into fresh pages, "
-     "and a chunked fill on several threads, against memcpy into a warm malloc'd buffer",
-     "  --size SIZE   bytes per pin, Note [Size syntax] (default: 512M); uses about 5x SIZE of RAM\n"
+     "filling a pin: warm, a new pin through Balancer::acquire after an eviction, a new pin into fresh pages "
+     "(prewarm off, prewarmed ahead, prewarm racing it), and a chunked fill on several threads, against memcpy "
+     "into a warm malloc'd buffer",
+     "  --size SIZE   bytes per pin, Note [Size syntax] (default: 512M); uses about 6x SIZE of RAM\n"
      "  --reps N      repetitions; medians count (default: 5)\n"
      "  --threads N   threads of the chunked fill (default: 2)\n"},
     {"balancer", &pins::bench::balancer_main,
@@ -64,6 +65,8 @@ const Benchmark kBenchmarks[] = {
      "  --layer-mib M     MiB of fp16 weights per layer (default: 32)\n"
      "  --passes P        passes over the layers, at least 2 (default: 5)\n"
      "  --policies LIST   of mru, lru, trace, comma-separated (default: mru,lru,trace)\n"
+     "  --prewarm LIST    of off, ahead, racing, comma-separated (default: off,ahead,racing): the prewarm off,\n"
+     "                    woken and waited for before each pins pass (the default configuration), or racing it\n"
      "  --device DEV      the device cast to (default: cpu; cuda:0 on a GPU machine)\n"
      "RAM: the sources take L x M MiB (6.4 GiB at the defaults) and the pins about half that again, so peak RSS is\n"
      "about 1.5 x L x M MiB (9.6 GiB); it needs MemAvailable above about 0.5 x L x M MiB + 2 GiB once the sources\n"

@@ -481,10 +481,12 @@ def replay_policy(policy: str, spec: dict, out_dir: str, progress: Progress, nru
     # and no monitor relieves between node boundaries (pins-sim has none; its polls would make the replay
     # depend on timing). pin_reserve, unless --conf sets it, pins derives from the modelled meminfo, as
     # pins-sim does from the trace's RAM. A memory reading stands for DEMO_READING_AGE_US (Note [Demo machine]).
+    # No prewarm (Note [Prewarm]), as in pins-sim, which has no thread: its commits, at its thread's pace,
+    # would move the modelled page cache and make a run unrepeatable (--conf prewarm:true turns it on).
     env["PINS_CONF"] = ",".join(filter(None, [f"backend:{backend}", "retain_free:0", "monitor:false",
                                               f"memory_max_age_us:{DEMO_READING_AGE_US}", f"system_root:{root}",
                                               f"policy:{policy if policy != 'none' else 'mru'}",
-                                              f"headroom:{spec['machine']['headroom']}", conf]))
+                                              f"headroom:{spec['machine']['headroom']}", "prewarm:false", conf]))
     save(spec_path, f"the {policy} replay's spec", json_bytes(spec))
     cmd = [sys.executable, REPLAY, spec_path]
     label = f"{policy:>5}"

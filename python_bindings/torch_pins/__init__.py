@@ -81,17 +81,23 @@ def _check_signature(op: str, signature: Optional[int]) -> None:
         raise ValueError(f"{op}: signature must be None or an int64, got {type(signature).__name__} {signature!r}")
 
 
-def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False) -> int:
+def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False, size: int = 0) -> int:
     """Registers a model (weights that load and unload together) and returns its id.
 
     ``load_device`` is the device its weights are cast to. ``fast_disk``: its
     weights reload fast from disk, so the model gets no ``-loaded`` pins (the
-    ``fast_disk`` configuration key, for this model only). A model registered
-    later counts as loaded more recently (see the eviction order in DESIGN.md).
-    Names may repeat: :func:`stats` keys a repeated name ``<name>#<id>``."""
+    ``fast_disk`` configuration key, for this model only). ``size``: the bytes
+    of its weights when known (0: unknown), what its first prompt is expected
+    to pin: the prewarm commits that much pool memory ahead of the prompt's
+    casts, within the budget (the ``prewarm`` key; DESIGN.md "Prewarm"). A
+    model registered later counts as loaded more recently (see the eviction
+    order in DESIGN.md). Names may repeat: :func:`stats` keys a repeated name
+    ``<name>#<id>``."""
     if not isinstance(fast_disk, bool):
         raise ValueError(f"register_model: fast_disk must be a bool, got {type(fast_disk).__name__} {fast_disk!r}")
-    return _ops.register_model(name, torch.device(load_device), fast_disk)
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < (1 << 63):
+        raise ValueError(f"register_model: size must be a byte count (an int >= 0), got {type(size).__name__} {size!r}")
+    return _ops.register_model(name, torch.device(load_device), fast_disk, size)
 
 
 def forget_model(model: int) -> None:

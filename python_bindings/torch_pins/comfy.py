@@ -50,7 +50,7 @@ Boundaries come from ComfyUI's own tracking where it has it: the prompt from
 node's end from ``comfy.model_management.reset_cast_buffers`` under dynamic
 VRAM; the executor (``PromptExecutor.execute_async``, ``execution.execute``)
 where it does not. ``load_models_gpu`` marks the models it loads as in the
-prompt and active; ``LoadedModel.model_unload`` marks an unloaded model
+prompt and active (which wakes pins' prewarm while ComfyUI loads them); ``LoadedModel.model_unload`` marks an unloaded model
 inactive (its pins stay: the cache it reloads from); ``unload_all_models`` (the
 ``/free`` endpoint) marks every model inactive and frees every pin.
 
@@ -71,8 +71,9 @@ each hook does:
   pins model for the patcher's ``model`` (the ``torch.nn.Module`` that holds the
   weights; clones share it, so they share the pins model), named after the
   module's class (``SDXL``, ``AutoencoderKL``), with the patcher's
-  ``load_device``. It is forgotten when that module is garbage collected
-  (``weakref.finalize``), not when one clone dies.
+  ``load_device`` and ``model_size()`` (what pins' prewarm commits ahead of
+  the model's first prompt; DESIGN.md "Prewarm"). It is forgotten when that
+  module is garbage collected (``weakref.finalize``), not when one clone dies.
 - The cast paths of Note [ComfyUI as pins' host]: ``comfy.ops.cast_bias_weight``;
   ``comfy.pinned_memory.get_pin`` / ``pin_memory`` and
   ``comfy.model_management.cast_to_gathered``. In ``cast_bias_weight`` weight and
@@ -599,7 +600,8 @@ def _register(state: _Integration, patcher: Any) -> Optional[_ModelEntry]:
             return None
         name = type(module).__name__  # pins.stats() keys a repeated name <name>#<id>
         try:
-            pins_id = pins.register_model(name, device, fast_disk=state.options["fast_disk"])
+            pins_id = pins.register_model(name, device, fast_disk=state.options["fast_disk"],
+                                          size=_model_size(patcher))
         except Exception as e:
             state.count("errors")
             state.log_once(logging.WARNING, f"torch_pins.comfy: cannot register {name} on {device}: {e}")
@@ -610,6 +612,17 @@ def _register(state: _Integration, patcher: Any) -> Optional[_ModelEntry]:
         state.entries[id(module)] = entry
         _map_modules(state, module, entry)
         return entry
+
+
+def _model_size(patcher: Any) -> int:
+    """The bytes of the patcher's weights (ModelPatcher.model_size(), cached by
+    ComfyUI), which size pins' prewarm before the model's first prompt; 0 when
+    this ComfyUI or stand-in has none."""
+    try:
+        size = patcher.model_size()
+    except Exception:  # an older ModelPatcher, a stand-in, a module without a state_dict
+        return 0
+    return size if isinstance(size, int) and not isinstance(size, bool) and 0 <= size < (1 << 63) else 0
 
 
 def _entry_of(state: _Integration, patcher: Any) -> Optional[_ModelEntry]:

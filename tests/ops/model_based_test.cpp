@@ -88,6 +88,8 @@ const char* const kMonotonic[] = {"hits",
                                   "busy_misses",
                                   "relieve_calls",
                                   "pressure_freed_bytes",
+                                  "prewarm_bytes",
+                                  "prewarm_served_bytes",
                                   "pool_registrations",
                                   "weights.hits",
                                   "patches.hits",
@@ -463,6 +465,8 @@ void World::check_stats(const Stats& s) {
   const int64_t committed = get(s, "committed_bytes"), allocated = get(s, "pool_allocated_bytes"),
                 requested = get(s, "pool_requested_bytes"), locked = get(s, "locked_bytes");
   if (committed < allocated) bad("committed_bytes >= pool_allocated_bytes", committed, allocated);
+  if (committed < allocated + get(s, "prewarmed_bytes"))  // idle, committed ahead: in no block
+    bad("committed_bytes >= pool_allocated_bytes + prewarmed_bytes", committed, allocated + get(s, "prewarmed_bytes"));
   if (allocated < requested) bad("pool_allocated_bytes >= pool_requested_bytes", allocated, requested);
   if (locked > committed) bad("locked_bytes <= committed_bytes", locked, committed);
   if (committed > kCap) bad("committed_bytes <= cap", committed, kCap);
@@ -482,8 +486,10 @@ void World::check_stats(const Stats& s) {
 void World::op_register() {
   Model m;
   m.name = "w" + std::to_string(index_) + "m" + std::to_string(next_model_++);
-  m.id = pins::ops::register_model(m.name, kCpu, chance(0.2));
-  note("register_model " + m.name + " -> " + std::to_string(m.id));
+  // Note [Prewarm]: half the models say their size, so prompts prewarm for them.
+  const int64_t size = chance(0.5) ? (int64_t{1} + pick(32)) << 20 : 0;
+  m.id = pins::ops::register_model(m.name, kCpu, chance(0.2), size);
+  note("register_model " + m.name + " size " + std::to_string(size) + " -> " + std::to_string(m.id));
   models_.push_back(m);
 }
 
@@ -753,6 +759,7 @@ void World::op_configure() {
      << ",pin_slack:" << (chance(0.5) ? "256M" : "64K") << ",relieve_slack:" << (chance(0.5) ? "512M" : "0")
      << ",content_check:" << (chance(0.5) ? "true" : "false");  // Note [Content check]: never a stale hit either way
   if (!solo_) os << ",monitor:" << (chance(0.3) ? "true,monitor_interval_ms:5" : "false");
+  os << ",prewarm:" << (chance(0.8) ? "true" : "false");
   note("configure " + os.str());
   pins::ops::configure(os.str());
   check_stats(stats());

@@ -16,6 +16,8 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <thread>
+#include <chrono>
 #include <vector>
 
 namespace {
@@ -98,6 +100,7 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_EQ(cast.arguments()[4].default_value()->toInt(), -1);
   EXPECT_FALSE(handle("pins::free_pins").schema().arguments()[1].default_value()->toBool());
   EXPECT_FALSE(handle("pins::register_model").schema().arguments()[2].default_value()->toBool());
+  EXPECT_EQ(handle("pins::register_model").schema().arguments()[3].default_value()->toInt(), 0);
   const c10::FunctionSchema& out =
       c10::Dispatcher::singleton().findSchemaOrThrow("pins::cast_to_device", "out").schema();
   ASSERT_EQ(out.arguments().size(), 9u);
@@ -168,6 +171,36 @@ TEST(PinsOps, MarkPromptTakesAVector) {
   EXPECT_EQ(stat(model_key(a, "in_prompt")), 0);
   pins::ops::forget_model(a);
   pins::ops::forget_model(b);
+}
+
+// Note [Prewarm]: a model registered with its size and marked in the prompt
+// wakes the prewarm, which commits pool memory for it; its first pins take it.
+TEST(PinsOps, MarkPromptWakesThePrewarmForARegisteredSize) {
+  const std::string saved = pins::ops::config();
+  pins::ops::configure("headroom:0,pin_reserve:0");  // whatever RAM this machine has available
+  pins::ops::free_pins(int64_t{1} << 40, true);       // no pins, no idle memory left by earlier tests
+  const int64_t size = 8 << 20;
+  const int64_t m = pins::ops::register_model("dispatcher-prewarm", kCpu, false, size);
+  EXPECT_EQ(stat(model_key(m, "size")), size);
+  EXPECT_EQ(stat("prewarm"), 1) << "on by default";
+  const int64_t before = stat("prewarm_bytes");
+  const std::vector<int64_t> models = {m};
+  pins::ops::mark_prompt(models);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((stat("prewarm_busy") != 0 || stat("prewarm_bytes") == before) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(stat("prewarm_bytes") - before, size);
+  EXPECT_EQ(stat("prewarmed_bytes"), size);
+  EXPECT_EQ(stat("prewarm_errors"), 0);
+  const int64_t served = stat("prewarm_served_bytes");
+  const at::Tensor w = at::randn({1 << 20});  // 4 MiB: its pin takes half
+  (void)pins::ops::cast_to_device(w, kCpu, at::kFloat, false, m, "weights", false);
+  EXPECT_EQ(stat("prewarm_served_bytes") - served, size / 2);
+  EXPECT_EQ(stat("prewarmed_bytes"), size / 2);
+  pins::ops::end_prompt();
+  EXPECT_THROW(pins::ops::register_model("dispatcher-prewarm", kCpu, false, -1), c10::ValueError);
+  pins::ops::forget_model(m);
+  pins::ops::configure(saved);
 }
 
 TEST(PinsOps, ConfigureReachesItsKernel) {

@@ -70,6 +70,10 @@ def test_new_ops_name_their_bad_arguments(pins, model):
         (lambda: pins.invalidate(torch.eye(2).to_sparse()), r"invalidate: source must be a dense \(strided\) tensor"),
         (lambda: pins.invalidate_model(987654), r"invalidate_model: model 987654 is not registered"),
         (lambda: pins.register_model("m", "cpu", fast_disk="yes"), r"fast_disk must be a bool, got str 'yes'"),
+        (lambda: pins.register_model("m", "cpu", size=-1), r"size must be a byte count \(an int >= 0\), got int -1"),
+        (lambda: pins.register_model("m", "cpu", size=1.5), r"size must be a byte count \(an int >= 0\), got float 1.5"),
+        (lambda: torch.ops.pins.register_model("m", torch.device("cpu"), False, -1),
+         r"register_model: size must be a byte count >= 0, got -1"),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match):

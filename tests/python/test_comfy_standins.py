@@ -130,6 +130,9 @@ def _stand_in_comfy(with_executor=True, with_ram_points=True):
         def model_patches_models(self):
             return []
 
+        def model_size(self):  # ComfyUI's: comfy.model_management.module_size(self.model)
+            return sum(t.nbytes for t in self.model.state_dict().values())
+
         def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
             if key not in self.patches:
                 return
@@ -342,7 +345,10 @@ def test_patchers_register_one_model_per_weight_module_and_forget_it_with_them(c
                                                             torch.device("cpu"), torch.device("cpu"))
     registered = [c for c in comfy_env.rec.calls if c[0] == "register_model"]
     assert [c[1][0] for c in registered] == ["TinyNet", "TinyNet"]  # pins tells repeated names apart
-    assert registered[0][2] == {"fast_disk": False}
+    # Note [Prewarm]: the size of its weights, what its first prompt is expected to pin.
+    assert registered[0][2] == {"fast_disk": False, "size": sum(t.nbytes for t in net.state_dict().values())}
+    assert registered[0][2]["size"] > 0
+    assert comfy_env.pins.stats()[f"model.{comfy_env.integration.model_id(patcher)}.size"] == registered[0][2]["size"]
     model = comfy_env.integration.model_id(patcher)
     assert model >= 0 and comfy_env.integration.model_id(clone) == model
     assert comfy_env.integration.model_id(net.l1) == model

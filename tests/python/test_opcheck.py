@@ -105,6 +105,7 @@ def test_opcheck_invalidate(pins, model):
 @pytest.mark.parametrize("name,args", [
     ("register_model", ("opcheck", torch.device("cpu"))),
     ("register_model", ("opcheck-fast", torch.device("cpu"), True)),
+    ("register_model", ("opcheck-sized", torch.device("cpu"), False, 1 << 20)),
     ("set_active", None),
     ("mark_prompt", None),
     ("end_prompt", ()),

@@ -169,7 +169,8 @@ def run_bench(*args, timeout=300):
 
 def test_bench_fill_ends_with_its_ratios():
     stdout, figures = run_bench("fill", "--size", "8M", "--reps", "2", "--threads", "2")
-    assert set(figures) == {"fill_warm_ratio", "fill_fresh_ratio", "fill_cold_ratio", "fill_warm_mt_ratio"}
+    assert set(figures) == {"fill_warm_ratio", "fill_fresh_ratio", "fill_cold_ratio", "fill_cold_noprewarm_ratio",
+                            "fill_cold_racing_ratio", "fill_warm_mt_ratio"}
     assert all(v > 0 for v in figures.values()), figures
     assert "baseline memcpy, warm malloc" in stdout  # per-repetition lines above the RESULT
     # Note [Warm idle memory]: the pin evicted by Balancer::free stays committed for the next one,
@@ -179,6 +180,10 @@ def test_bench_fill_ends_with_its_ratios():
     assert "extents committed 1, decommitted 0 over 2 pins" in "\n".join(lines[evict:evict + 6]), stdout
     cold = next(i for i, line in enumerate(lines) if line.startswith("cold: "))
     assert "extents committed 2, decommitted 2 over 2 pins" in "\n".join(lines[cold:cold + 6]), stdout
+    # Note [Prewarm]: with the prewarm waited for, the pins commit nothing on the hot path.
+    ahead = next(i for i, line in enumerate(lines) if line.startswith("cold+prewarm: "))
+    assert "extents committed 0, decommitted 2 over 2 pins" in "\n".join(lines[ahead:ahead + 7]), stdout
+    assert "8.0 MiB of the pins' memory came from it" in "\n".join(lines[ahead:ahead + 8]), stdout
 
 
 def test_bench_load_reads_the_file_once_and_leaves_no_second_copy(tmp_path):
@@ -240,10 +245,12 @@ def test_bench_lowvram_ends_with_pass_ratios_per_policy():
     needs_torch_benchmarks()
     stdout, figures = run_bench("lowvram", "--layers", "4", "--layer-mib", "1", "--passes", "2", "--policies",
                                 "mru,trace")
-    assert set(figures) == {"first_pass_ratio_mru", "steady_pass_ratio_mru", "first_pass_ratio_trace",
-                            "steady_pass_ratio_trace"}
+    # Note [Prewarm]: each policy with the prewarm waited for (the default), off, and racing the pass.
+    assert set(figures) == {f"{k}_pass_ratio_{p}{v}" for k in ("first", "steady") for p in ("mru", "trace")
+                            for v in ("", "_noprewarm", "_racing")}
     assert all(v > 0 for v in figures.values()), figures
     assert 'configure("policy:trace,headroom:' in stdout  # the budget it set is printed
+    assert "prewarm before the pass (untimed)" in stdout
 
 
 @pytest.mark.parametrize("name", ["cast", "lowvram"])

@@ -15,14 +15,19 @@ namespace pins::ops {
 // Registers a model (weights that load and unload together) whose weights are
 // cast to `load_device`, and returns its id. `fast_disk`: its weights reload
 // fast from disk, so it gets no -loaded pins (as the fast_disk key of the
-// configuration, for this model only). An empty `name` is a c10::ValueError;
-// names may repeat (pins::stats then tells them apart by id).
-PINS_API int64_t register_model(c10::string_view name, c10::Device load_device, bool fast_disk = false);
+// configuration, for this model only). `size`: the bytes of its weights when
+// known, what its first prompt is expected to pin (Note [Prewarm] in
+// csrc/balancer/prewarm.h: memory for them is committed ahead); 0, unknown. An
+// empty `name` or a negative `size` is a c10::ValueError; names may repeat
+// (pins::stats then tells them apart by id).
+PINS_API int64_t register_model(c10::string_view name, c10::Device load_device, bool fast_disk = false,
+                                int64_t size = 0);
 
 // Forgets `model` and frees all its pins.
 PINS_API void forget_model(int64_t model);
 
-// Marks `model` as executing now (or no longer), then runs the RAM-pressure check.
+// Marks `model` as executing now (or no longer), then runs the RAM-pressure
+// check; a model becoming active wakes the prewarm (Note [Prewarm]).
 PINS_API void set_active(int64_t model, bool active);
 
 }  // namespace pins::ops

@@ -130,6 +130,7 @@ TEST(Config, ErrorsNameKeyAndValue) {
       {"alignment:8192", {"alignment", "8192"}},
       {"segment_size:4K", {"segment_size", "4K"}},
       {"monitor_interval_ms:0", {"monitor_interval_ms", "0"}},
+      {"prewarm:sometimes", {"prewarm", "sometimes"}},
   };
   for (const Case& c : cases) {
     const std::string msg = error_of(c.text);
@@ -233,11 +234,13 @@ TEST(Config, FormatReadsBackExactly) {
       "backend:null,segment_size:3M,extent_min:12345,alignment:64,cap:1.5G,retain_free:0,mlock:on,policy:trace,"
       "fast_disk:1,content_check:yes,headroom:256T,pin_reserve:7,pin_slack:1KB,relieve_slack:0,ceiling_min:0.1,"
       "ceiling_max:0.30000000000000004,ceiling_reserve:1,ceiling_swap_reserve:2,lock_hysteresis:3,monitor:yes,"
-      "monitor_interval_ms:60000,memory_max_age_us:0,system_root:/tmp/a b:c");
+      "monitor_interval_ms:60000,memory_max_age_us:0,system_root:/tmp/a b:c,prewarm:off");
   const std::string text = format_config(c);
   EXPECT_EQ(parse_config(text), c) << text;
   EXPECT_NE(text.find("ceiling_max:0.30000000000000004"), std::string::npos) << text;
   EXPECT_NE(text.find("system_root:/tmp/a b:c"), std::string::npos) << text;
+  EXPECT_FALSE(c.prewarm);
+  EXPECT_TRUE(d.prewarm) << "Note [Prewarm]: on by default";
   // Every key once, in config_keys() order.
   size_t at = 0;
   for (const std::string& k : config_keys()) {

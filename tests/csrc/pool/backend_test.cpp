@@ -151,6 +151,24 @@ TEST_P(HostBackendContract, TwoRangesLockAndUnlockApart) {
   EXPECT_EQ(backend_->decommit(at(8), 8 * page_), 0);
 }
 
+// Prewarmed extents are joined and cut (Note [Host pool layout]): the pool
+// decommits in one call what it committed in two, and locks part of one.
+TEST_P(HostBackendContract, DecommitAndLockNeedNotFollowTheCommits) {
+  ASSERT_EQ(backend_->commit(at(0), 8 * page_), 0);
+  ASSERT_EQ(backend_->commit(at(8), 8 * page_), 0);
+  fill(0, 16, 'x');
+  ASSERT_EQ(backend_->decommit(at(4), 8 * page_), 0) << "across two commits";
+  ASSERT_EQ(backend_->commit(at(4), 8 * page_), 0);
+  EXPECT_TRUE(reads(4, 8, '\0'));
+  EXPECT_TRUE(reads(0, 4, 'x'));
+  EXPECT_TRUE(reads(12, 4, 'x'));
+  if (!lock_untestable()) {
+    ASSERT_EQ(backend_->lock(at(2), 4 * page_), 0) << "part of a commit";
+    EXPECT_EQ(backend_->unlock(at(2), 4 * page_), 0);
+  }
+  EXPECT_EQ(backend_->decommit(at(0), 16 * page_), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, HostBackendContract, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<BackendCase>& info) { return info.param.name; });
 

@@ -8,6 +8,8 @@
 #endif
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -76,6 +78,15 @@ class CheckedPool {
     Checker c{*this};
     return pool_.trim(keep_idle);
   }
+  size_t prewarm(size_t bytes) {
+    Checker c{*this};
+    return pool_.prewarm(bytes);
+  }
+  void set_retain_free(size_t bytes) {
+    Checker c{*this};
+    pool_.set_retain_free(bytes);
+  }
+  size_t idle_bytes() const { return pool_.idle_bytes(); }
   size_t unlock(void* ptr) {
     Checker c{*this};
     return pool_.unlock(ptr);
@@ -499,6 +510,7 @@ TEST(HostPoolInvariants, HoldAcrossRandomCalls) {
         if (!flags.empty()) *flags[rng() % flags.size()] = true;  // a copy completes
         if (rng() % 4 == 0) pool.trim(rng() % 2 ? 0 : 512 * KiB);
         if (rng() % 8 == 0) pool.set_cap(rng() % 2 ? 0 : 4 * MiB);
+        if (rng() % 3 == 0) pool.prewarm(1 + rng() % (2 * MiB));  // Note [Host pool layout]: cut by the allocations
         break;
       case 8:
         if (!live.empty()) {
@@ -542,6 +554,7 @@ class BusyPool : public ::testing::Test {
     plain_ = pool_.allocate(4 * KiB, false);  // an unlocked extent
     void* idle = pool_.allocate(3 * MiB);
     pool_.free(idle);  // an idle extent
+    ASSERT_EQ(pool_.prewarm(2 * MiB), 2 * MiB);  // a prewarmed one (Note [Host pool layout])
     pool_.free(b);     // a hole between a and c
     pool_.record_fence(c, std::make_shared<FakeFence>(&pending_));
     pool_.free(c);  // parked
@@ -583,8 +596,9 @@ TEST_F(BusyPool, SnapshotPasses) {
   EXPECT_EQ(good_.blocks[index_of(good_, addr(a_))].copies, 1);
   EXPECT_NO_THROW(pool_.check_invariants());
   EXPECT_EQ(good_.parked.size(), 1u);
-  EXPECT_EQ(good_.idle.size(), 1u);
-  EXPECT_EQ(good_.extents.size(), 4u);
+  EXPECT_EQ(good_.idle.size(), 2u);
+  EXPECT_EQ(good_.extents.size(), 5u);
+  EXPECT_EQ(good_.stats.prewarmed_bytes.current, static_cast<int64_t>(2 * MiB));
   EXPECT_FALSE(good_.free[0].empty());
   EXPECT_FALSE(good_.free[1].empty());
 }
@@ -681,6 +695,24 @@ TEST_F(BusyPool, EachCorruptionIsCaught) {
          for (const auto& b : s.blocks) s.stats.copies.current += b.copies;
        },
        "being dropped"},
+      {"prewarmed_bytes drifts", [](PoolSnapshot& s) { s.stats.prewarmed_bytes.current += 4096; },
+       "prewarmed_bytes"},
+      {"a prewarmed extent is locked",
+       [](PoolSnapshot& s) {
+         for (auto& e : s.extents)
+           if (e.prewarmed) e.locked = true;
+       },
+       "prewarmed extent"},
+      {"an extent being locked keeps its block",
+       [](PoolSnapshot& s) {
+         for (auto& e : s.extents)
+           if (e.prewarmed) {
+             e.prewarmed = false;
+             e.locking = true;
+             s.stats.prewarmed_bytes.current -= static_cast<int64_t>(e.size);
+           }
+       },
+       "being locked"},
   };
   ASSERT_EQ(good.segments.size(), 1u);
   ASSERT_EQ(good.ranges.size(), 1u);
@@ -1117,6 +1149,146 @@ TEST(HostPool, TheRetainLimitMovesAndIdleBytesAreCounted) {
   EXPECT_EQ(pool.idle_bytes(), 0u);
   EXPECT_EQ(pool.committed_bytes(), 0u);
   pool.check_invariants();
+}
+
+// ------------------------------------------------------------------ prewarm (Note [Host pool layout])
+
+// The null backend's bookkeeping, with lock() refused when asked and commit()
+// held at a gate while the test wants (a commit that takes long).
+class GateBackend final : public HostBackend {
+ public:
+  GateBackend() : inner_(make_null_backend()) {}
+  const char* name() const override { return "gate"; }
+  size_t page_size() const override { return inner_->page_size(); }
+  bool can_lock() const override { return true; }
+  int reserve(size_t size, void** p) override { return inner_->reserve(size, p); }
+  int release(void* p, size_t size) override { return inner_->release(p, size); }
+  int commit(void* p, size_t size) override {
+    commits++;
+    if (hold_commits) {
+      held = true;
+      while (hold_commits) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return inner_->commit(p, size);
+  }
+  int decommit(void* p, size_t size) override { return inner_->decommit(p, size); }
+  int lock(void* p, size_t size) override {
+    locks.push_back({addr(p), size});
+    return refuse_locks ? ENOMEM : inner_->lock(p, size);
+  }
+  int unlock(void* p, size_t size) override { return inner_->unlock(p, size); }
+  std::atomic<bool> hold_commits{false}, held{false}, refuse_locks{false};
+  std::atomic<int> commits{0};
+  std::vector<std::pair<uintptr_t, size_t>> locks;  // written by one thread at a time in these tests
+
+ private:
+  std::unique_ptr<HostBackend> inner_;
+};
+
+size_t prewarmed_extents(const PoolSnapshot& s) {
+  size_t n = 0;
+  for (const auto& e : s.extents) n += e.prewarmed;
+  return n;
+}
+
+TEST(HostPoolPrewarm, StepsJoinAndARequestTakesItsOwnExtentCutFromThem) {
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(pool.prewarm(8 * MiB), 8 * MiB);
+  PoolSnapshot s = pool.snapshot();
+  EXPECT_EQ(prewarmed_extents(s), 1u) << "four steps, one extent";
+  EXPECT_EQ(s.stats.prewarms, 4);
+  EXPECT_EQ(s.stats.commits, 0) << "prewarms are not the hot path's commits";
+  EXPECT_EQ(pool.idle_bytes(), 32 * MiB);
+  EXPECT_EQ(s.stats.committed_bytes.current, static_cast<int64_t>(32 * MiB));
+
+  void* a = pool.allocate(20 * MiB + 100, /*lock=*/false);  // larger than any one step
+  s = pool.snapshot();
+  EXPECT_EQ(s.stats.commits, 0) << "served from prewarmed memory";
+  EXPECT_EQ(s.stats.prewarm_served, 1);
+  const size_t cut = 20 * MiB + 4096;
+  EXPECT_EQ(s.stats.prewarm_served_bytes, static_cast<int64_t>(cut));
+  EXPECT_EQ(s.stats.prewarmed_bytes.current, static_cast<int64_t>(32 * MiB - cut));
+  EXPECT_EQ(s.extents.size(), 2u);
+  EXPECT_EQ(s.extents.front().size, cut) << "the page-rounded request, as a commit would make";
+  EXPECT_EQ(pool.idle_bytes(), 32 * MiB - cut);
+
+  void* small = pool.allocate(100 * KiB, /*lock=*/false);  // shares an extent_min extent, as if committed
+  s = pool.snapshot();
+  EXPECT_EQ(s.stats.prewarm_served, 2);
+  EXPECT_EQ(s.stats.prewarmed_bytes.current, static_cast<int64_t>(32 * MiB - cut - 1 * MiB));
+
+  pool.free(a);  // its own extent: idle, and trimmed alone
+  EXPECT_EQ(pool.idle_bytes(), 32 * MiB - 1 * MiB);
+  pool.set_retain_free(0);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(1 * MiB)) << "only the small one's extent";
+  EXPECT_EQ(pool.stats().prewarmed_bytes.current, 0);
+  pool.free(small);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().committed_bytes.current, 0);
+}
+
+TEST(HostPoolPrewarm, ALockedRequestLocksOnlyItsCut) {
+  auto backend = std::make_unique<GateBackend>();
+  GateBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+  ASSERT_EQ(pool.prewarm(16 * MiB), 16 * MiB);
+  ASSERT_EQ(be.commits, 1);
+  void* p = pool.allocate(6 * MiB, /*lock=*/true);
+  PoolStats st = pool.stats();
+  EXPECT_EQ(be.commits, 1) << "no fresh pages";
+  EXPECT_EQ(st.registrations, 1);
+  EXPECT_EQ(st.locked_bytes.current, static_cast<int64_t>(6 * MiB));
+  ASSERT_EQ(be.locks.size(), 1u);
+  EXPECT_EQ(be.locks[0], std::make_pair(addr(p), size_t{6 * MiB}));
+  EXPECT_TRUE(pool.is_locked(p));
+  EXPECT_EQ(st.prewarmed_bytes.current, static_cast<int64_t>(10 * MiB));
+  // A lock the OS refuses: nothing handed out, the cut stays committed and idle.
+  be.refuse_locks = true;
+  EXPECT_EQ(pool.try_allocate(4 * MiB, /*lock=*/true), nullptr);
+  st = pool.stats();
+  EXPECT_EQ(st.lock_failures, 1);
+  EXPECT_EQ(st.refusals, 1);
+  EXPECT_EQ(st.committed_bytes.current, static_cast<int64_t>(16 * MiB));
+  EXPECT_EQ(pool.idle_bytes(), 10 * MiB);
+  be.refuse_locks = false;
+  pool.free(p);
+}
+
+TEST(HostPoolPrewarm, TheCapBoundsItAndIdleMemoryRulesGiveItBack) {
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 16 * MiB, 64 * MiB));
+  EXPECT_EQ(pool.prewarm(12 * MiB), 12 * MiB);
+  EXPECT_EQ(pool.prewarm(8 * MiB), 0u) << "past the cap: refused, never a decommit";
+  EXPECT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(12 * MiB));
+  // A request prewarmed memory cannot hold (one extent of 12 MiB) and the cap
+  // leaves no room for: prewarmed memory is decommitted like any idle extent,
+  // only as much as the request needs (10 MiB).
+  void* p = pool.allocate(14 * MiB, /*lock=*/false);
+  const PoolStats st = pool.stats();
+  EXPECT_EQ(st.prewarmed_bytes.current, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(st.prewarm_served, 0);
+  EXPECT_EQ(st.committed_bytes.current, static_cast<int64_t>(16 * MiB));
+  pool.free(p);
+}
+
+TEST(HostPoolPrewarm, AHotPathAllocationNeverWaitsForAPrewarmInFlight) {
+  auto backend = std::make_unique<GateBackend>();
+  GateBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+  void* warm = pool.allocate(4 * MiB, false);
+  pool.free(warm);  // an idle extent to reuse
+  be.hold_commits = true;
+  std::thread prewarmer([&] { EXPECT_EQ(pool.prewarm(32 * MiB), 32 * MiB); });
+  while (!be.held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The prewarm's commit runs with the pool's lock released: allocations,
+  // frees and stats go on meanwhile.
+  void* again = pool.allocate(4 * MiB, false);
+  EXPECT_EQ(again, warm);
+  EXPECT_EQ(pool.stats().prewarms, 0);
+  pool.free(again);
+  be.hold_commits = false;
+  prewarmer.join();
+  EXPECT_EQ(pool.stats().prewarms, 1);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "csrc/base/check.h"
+#include "csrc/base/size.h"
 #include "tests/csrc/runtime/runtime_fixture.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -133,6 +134,44 @@ TEST_F(RuntimeTest, ForkChildThatDestroysTheRuntime) {
   const uint64_t w = rt->monitor_status().wakeups;
   EXPECT_TRUE(eventually([&] { return rt->monitor_status().wakeups >= w + 5; })) << "the parent's monitor stopped";
   EXPECT_EQ(rt->monitor_status().foreign_wakeups, 0u);
+  rt.reset();  // the parent's stop and join
+}
+
+// Note [Prewarm]: a child of a process whose Prewarmer runs has none running
+// (a wake-up does nothing, and never touches what the parent's thread waits
+// on); its configure() starts its own, which commits for the child; the
+// parent's goes on, and a child that destroys its runtime leaves it alone.
+TEST_F(RuntimeTest, ForkWithThePrewarmOn) {
+#ifdef PINS_TEST_TSAN
+  GTEST_SKIP() << "ThreadSanitizer cannot follow a fork child that starts a thread in place of a parent's thread";
+#endif
+  auto rt = std::make_unique<Runtime>(config("cap:64MiB"));
+  ModelOptions o;
+  o.size = 8 * MiB;
+  const ModelId m = rt->balancer().register_model("m", "cpu", o);
+  rt->balancer().mark_prompt({m});
+  rt->wake_prewarm();
+  ASSERT_TRUE(eventually([&] { return rt->prewarm_status().committed == 8 * MiB; }));
+  int status = in_fork_child([&] {
+    if (rt->prewarm_status().running) fail(2, "the parent's Prewarmer counts as running in the child");
+    rt->wake_prewarm();
+    const ModelId c = rt->balancer().register_model("child", "cpu", o);
+    rt->balancer().mark_prompt({c});
+    rt->configure("prewarm:true");  // the child's own replaces the inherited one
+    if (!rt->prewarm_status().running) fail(3, "configure did not start the child's Prewarmer");
+    rt->wake_prewarm();
+    if (!eventually([&] { return rt->prewarm_status().committed == 8 * MiB; }))
+      fail(4, "the child's Prewarmer does not commit");
+    rt->configure("prewarm:false");
+  });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child " << describe(status);
+  status = in_fork_child([&] { rt.reset(); });
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child " << describe(status);
+  const ModelId n = rt->balancer().register_model("n", "cpu", o);
+  rt->balancer().mark_prompt({n});
+  rt->wake_prewarm();
+  EXPECT_TRUE(eventually([&] { return rt->prewarm_status().committed == 16 * MiB; }))
+      << "the parent's Prewarmer after the children";
   rt.reset();  // the parent's stop and join
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "csrc/base/check.h"
+#include "csrc/base/size.h"
 #include "tests/csrc/config/env.h"
 #include "tests/csrc/runtime/runtime_fixture.h"
 
@@ -166,6 +167,34 @@ TEST_F(RuntimeTest, MonitorStartsStopsAndRestarts) {
   EXPECT_TRUE(rt.monitor_running());
 }
 
+// Note [Prewarm]: the Prewarmer runs by default, commits for a model in the
+// prompt when woken, stops and restarts with the key.
+TEST_F(RuntimeTest, PrewarmRunsByDefaultAndFollowsTheKey) {
+  Runtime rt(config("cap:64MiB"));
+  EXPECT_TRUE(rt.config().prewarm);
+  ASSERT_TRUE(rt.prewarm_status().running);
+  ModelOptions o;
+  o.size = 16 * MiB;
+  const ModelId m = rt.balancer().register_model("m", "cpu", o);
+  rt.wake_prewarm();  // not in a prompt: nothing
+  ASSERT_TRUE(testing::eventually([&] { return !rt.prewarm_status().busy; }));
+  EXPECT_EQ(rt.pool().stats().prewarms, 0);
+  rt.balancer().mark_prompt({m});
+  rt.wake_prewarm();
+  ASSERT_TRUE(testing::eventually([&] { return rt.prewarm_status().committed == 16 * MiB; }));
+  EXPECT_EQ(rt.pool().stats().prewarmed_bytes.current, static_cast<int64_t>(16 * MiB));
+  rt.configure("prewarm:false");
+  EXPECT_FALSE(rt.prewarm_status().running);
+  rt.wake_prewarm();  // none to wake
+  rt.configure("headroom:2GiB");  // no prewarm change: none started
+  EXPECT_FALSE(rt.prewarm_status().running);
+  rt.configure("prewarm:true");
+  EXPECT_TRUE(rt.prewarm_status().running);
+  EXPECT_EQ(rt.prewarm_status().committed, 0u) << "a new Prewarmer";
+  Runtime off(config("prewarm:false"));
+  EXPECT_FALSE(off.prewarm_status().running);
+}
+
 // Concurrent configure() calls that turn the monitor on and off and change its
 // interval: each replaced monitor is joined with no lock held, and at the end
 // the monitor runs exactly when the configuration says it does.
@@ -177,7 +206,9 @@ TEST_F(RuntimeTest, ConcurrentConfigureEndsConsistent) {
       for (int i = 0; i < 25; ++i) {
         const bool on = (i + t) % 2 == 0;
         rt.configure(std::string("monitor:") + (on ? "true" : "false") +
-                     ",monitor_interval_ms:" + std::to_string(1 + (i * 7 + t) % 9));
+                     ",monitor_interval_ms:" + std::to_string(1 + (i * 7 + t) % 9) +
+                     ",prewarm:" + ((i + t) % 3 == 0 ? "false" : "true"));
+        rt.wake_prewarm();
         EXPECT_NO_THROW(rt.config());
         (void)rt.monitor_running();
       }
@@ -185,6 +216,7 @@ TEST_F(RuntimeTest, ConcurrentConfigureEndsConsistent) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(rt.monitor_running(), rt.config().monitor);
+  EXPECT_EQ(rt.prewarm_status().running, rt.config().prewarm);
   rt.configure("monitor:true");
   EXPECT_TRUE(rt.monitor_running());
   rt.configure("monitor:false");
