@@ -536,6 +536,8 @@ def test_models_are_registered_by_class_and_forgotten_with_their_weights(comfyui
     model = integration.model_id(patcher)
     assert model >= 0 and integration.model_id(clone) == model
     assert f"model.{model}.hits" in pins.stats() and "model.TinyNet.hits" in pins.stats()
+    # Note [Prewarm]: registered with ComfyUI's own size of its weights.
+    assert pins.stats()[f"model.{model}.size"] == patcher.model_size() > 0
     models = pins.stats()["models"]
     del net, patcher, clone
     gc.collect()
