@@ -71,7 +71,10 @@ if ! cmake --build "$dir" -j "${PINS_HIP_JOBS:-2}" --target pins_backend_tests >
   fail "building pins_backend_tests with PINS_WITH_HIP=ON (log: $log)"
 fi
 # The stub (no PINS_WITH_HIP) would compile too: the test binary must call HIP.
-nm -u "$dir/bin/pins_backend_tests" | grep -q hipHostRegister \
+# nm's whole output first: `nm | grep -q` fails under pipefail once grep stops
+# reading early and nm dies of SIGPIPE (a long symbol list).
+undefined=$(nm -u "$dir/bin/pins_backend_tests") || fail "nm -u $dir/bin/pins_backend_tests failed"
+grep -q hipHostRegister <<<"$undefined" \
   || fail "backend_hip.cpp was compiled without HIP: pins_backend_tests does not call hipHostRegister"
 
 results="$root/$dir/test-results/ctest.xml"
