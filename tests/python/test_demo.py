@@ -168,19 +168,21 @@ def test_disk_bytes_agree_with_the_simulator(small_run):
     """The kernel's count of bytes read (/proc/self/io) against pins-sim's
     prediction for the same trace and machine.
 
-    Tolerance, per run: 4 KiB per layer file plus 2% of the prediction. The
-    synthetic files hold one layer each, every tensor a whole number of pages
-    starting on a page, so the kernel's read-ahead stops at the end of the
-    layer being read; what it adds is the file's header page when read-around
-    reaches back from the first page of data. The demo drops only the layer's
-    own pages, so that page is read at most once per file in the whole replay.
-    The 2% is for
-    the balancer: the same code with the same memory readings (the demo's
-    modelled /proc/meminfo), but pins reuses a reading for up to 5 ms where the
-    simulator reads afresh, which can move one eviction; in this run the
-    largest layer (4 MiB) is 8-25% of a run's reads, so a whole layer's
-    difference fails the test. Without pins (the page cache alone) the match
-    is exact but for the header pages."""
+    Tolerance, per run: 4 KiB per layer file plus the demo's own criterion
+    (demo.py, and the issue that made the demo read through load_file): 5% of
+    the prediction or one largest layer, whichever is more. The synthetic
+    files hold one layer each, every tensor a whole number of pages starting
+    on a page, so the kernel's read-ahead stops at the end of the layer being
+    read; what it adds is the file's header page when read-around reaches back
+    from the first page of data, at most once per file in the whole replay.
+    The layer is for the balancer and the fills: pins reuses a memory reading
+    for up to 5 ms where the simulator reads afresh, which can move one
+    eviction, and a load_file fill reads from the page cache only when the
+    kernel holds every page of the layer, which the modelled cache cannot see
+    page by page. A 2% bound (less than the 4 MiB layer, 8-25% of a run's
+    reads) failed on one run of mru in three CI runs once fills went through
+    load_file. Without pins (the page cache alone) the match is exact but for
+    the header pages."""
     _, report, _ = small_run
     if not report["disk_accounting"]["works"]:
         pytest.skip(f"/proc/self/io does not count reads here: {report['disk_accounting']['check']}")
@@ -188,7 +190,8 @@ def test_disk_bytes_agree_with_the_simulator(small_run):
     for policy in POLICIES:
         for r in report["policies"][policy]["runs"]:
             want = r["predicted_disk_bytes"]
-            slack = PAGE * layer_files + (0 if policy == "none" else 0.02 * want)
+            slack = PAGE * layer_files + (0 if policy == "none" else
+                                          max(0.05 * want, report["largest_layer_bytes"]))
             assert abs(r["disk_bytes"] - want) <= slack, (
                 f"{policy} run {r['run']}: read {r['disk_bytes']} bytes, pins-sim predicted {want} "
                 f"(tolerance {slack:.0f}): {r.get('difference')}")
