@@ -540,15 +540,7 @@ void HostPool::decommit(std::vector<Extent*> victims) {
         // an idle extent rather than lose track of it.
         stats_.lock_failures++;
         e->decommitting = false;
-        auto b = std::make_unique<Block>();
-        b->addr = e->base;
-        b->size = e->size;
-        b->ext = e;
-        free_[e->locked].insert({b->size, b->addr});
-        blocks_.emplace(b->addr, std::move(b));
-        e->idle_since = ++clock_;
-        idle_.insert({e->idle_since, e});
-        idle_bytes_ += e->size;
+        list_idle(e);
         continue;
       }
       if (e->locked) {
