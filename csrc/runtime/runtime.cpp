@@ -169,6 +169,13 @@ void Runtime::configure(std::string_view conf) {
     const bool inherited = monitor_ != nullptr && monitor_->inherited();
     const bool monitor_changed =
         inherited || next.monitor != config_.monitor || next.monitor_interval_ms != config_.monitor_interval_ms;
+    // Note [Prewarm]: the same for the prewarm's thread. The test is against
+    // the configuration, not against prewarmer_: while an earlier configure()
+    // starts a Prewarmer with no lock held, prewarmer_ is null, and a
+    // "prewarm:false" that saw only that would leave the generation alone and
+    // let the earlier one install a thread the configuration says is off.
+    const bool prewarm_changed =
+        (prewarmer_ != nullptr && prewarmer_->inherited()) || next.prewarm != config_.prewarm;
     config_ = next;
     for (const std::string& k : set) sources_.set(k, ConfigSource::Configure);
     headroom_.store(next.headroom, std::memory_order_relaxed);
@@ -182,9 +189,7 @@ void Runtime::configure(std::string_view conf) {
       interval_ms = next.monitor_interval_ms;
       root = next.system_root;
     }
-    // Note [Prewarm]: the same for the prewarm's thread.
-    const bool prewarm_inherited = prewarmer_ != nullptr && prewarmer_->inherited();
-    if (prewarm_inherited || (next.prewarm != (prewarmer_ != nullptr))) {
+    if (prewarm_changed) {
       old_prewarmer = std::move(prewarmer_);
       prewarm_generation = ++prewarm_generation_;
       start_prewarm = next.prewarm;
