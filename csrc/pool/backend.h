@@ -2,8 +2,10 @@
 //
 // Note [Host backend contract]
 // The pool only ever calls a backend with page-aligned addresses and sizes that
-// are positive multiples of page_size(), on ranges it got from reserve(). Every
-// call returns 0 on success or an errno-style code; on failure nothing changed.
+// are positive multiples of page_size(), on ranges it got from reserve(), or,
+// for lock and unlock only, on a range a caller mapped and gave the pool
+// (Note [Adopted blocks] in pool.h). Every call returns 0 on success or an
+// errno-style code; on failure nothing changed.
 //   reserve   address space only: no RAM is used until commit.
 //   release   gives a whole reserved range back (it holds no committed pages).
 //   commit    backs a range with RAM (populated, so RSS shows it).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "csrc/base/check.h"
 #include "csrc/base/clock.h"
@@ -25,7 +26,11 @@ struct HostPool::Extent {
   bool unlocking = false;     // an unlock() is between its two lock holds
   bool decommitting = false;  // picked by pick_idle(); decommit() owns it until it relocks
   bool prewarmed = false;     // committed by prewarm(), idle and unlocked, not cut yet
-  bool locking = false;       // cut from prewarmed memory, its lock() in flight: no block, in no list
+  bool locking = false;       // its lock() in flight: no block, in no list (a cut of prewarmed memory, or adopted)
+  // Note [Adopted blocks]: in adopted_, not extents_; no segment; one block.
+  bool adopted = false;
+  bool retiring = false;  // adopted, its block freed and forgotten: unlock and release in flight
+  std::function<void()> release = nullptr;  // adopted: called once it is retired
 };
 
 struct HostPool::Block {
@@ -60,6 +65,11 @@ HostPool::HostPool(std::unique_ptr<HostBackend> backend, PoolOptions options)
 }
 
 HostPool::~HostPool() {
+  // Note [Adopted blocks]: released here whether freed or not.
+  for (auto& [base, e] : adopted_) {
+    if (e->locked) backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
+    if (e->release) e->release();
+  }
   for (auto& [base, e] : extents_) {
     if (e->locked) backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
     backend_->decommit(reinterpret_cast<void*>(e->base), e->size);
@@ -567,22 +577,35 @@ void HostPool::decommit(std::vector<Extent*> victims) {
 
 void HostPool::free(void* ptr) {
   std::vector<Extent*> victims;
+  std::vector<Extent*> retired;
   {
     MutexLock g(mu_);
     Block* b = find(ptr, "HostPool::free");
-    stats_.frees++;
-    stats_.allocated_bytes.decrease(static_cast<int64_t>(b->size));
-    stats_.requested_bytes.decrease(static_cast<int64_t>(b->requested));
-    stats_.blocks.decrease(1);
-    if (!b->fences.empty() || b->copies > 0) {
-      b->state = BlockState::Parked;
-      parked_.push_back(b);
-      stats_.deferred_frees++;
-      return;
+    if (b->ext->adopted) {
+      // Note [Adopted blocks]: not counted as an allocation's free; an unlock()
+      // between its lock holds still uses the extent.
+      if (!b->fences.empty() || b->copies > 0 || b->ext->unlocking) {
+        b->state = BlockState::Parked;
+        parked_.push_back(b);
+        return;
+      }
+      retire(b, retired);
+    } else {
+      stats_.frees++;
+      stats_.allocated_bytes.decrease(static_cast<int64_t>(b->size));
+      stats_.requested_bytes.decrease(static_cast<int64_t>(b->requested));
+      stats_.blocks.decrease(1);
+      if (!b->fences.empty() || b->copies > 0) {
+        b->state = BlockState::Parked;
+        parked_.push_back(b);
+        stats_.deferred_frees++;
+        return;
+      }
+      release(b);
+      if (idle_bytes_ > retain_free_) victims = pick_idle(idle_bytes_ - retain_free_);
     }
-    release(b);
-    if (idle_bytes_ > retain_free_) victims = pick_idle(idle_bytes_ - retain_free_);
   }
+  if (!retired.empty()) release_adopted(std::move(retired));
   if (!victims.empty()) decommit(std::move(victims));
 }
 
@@ -605,19 +628,161 @@ void HostPool::reap() {
     ready[i] = std::all_of(snap[i].fences.begin(), snap[i].fences.end(),
                            [](const std::shared_ptr<Fence>& f) { return f->done(); });
   std::vector<Extent*> victims;
+  std::vector<Extent*> retired;
   {
     MutexLock g(mu_);
     reaping_ -= snap.size();
     for (size_t i = 0; i < snap.size(); ++i) {
       // An end_copy() meanwhile may have added a fence this reap did not query.
       Block* b = snap[i].b;
-      if (ready[i] && b->copies == 0 && b->fence_adds == snap[i].fence_adds) release(b);
+      const bool done = ready[i] && b->copies == 0 && b->fence_adds == snap[i].fence_adds;
+      if (done && !b->ext->adopted) release(b);
+      else if (done && !b->ext->unlocking) retire(b, retired);  // Note [Adopted blocks]
       else parked_.push_back(b);
     }
     if (idle_bytes_ > retain_free_) victims = pick_idle(idle_bytes_ - retain_free_);
   }
+  if (!retired.empty()) release_adopted(std::move(retired));
   if (!victims.empty()) decommit(std::move(victims));
   // snap's fences are destroyed here, unlocked.
+}
+
+const char* HostPool::overlap(uintptr_t addr, size_t size) const {
+  // Each map holds disjoint ranges by base: only the last one starting before
+  // the range's end can reach into it.
+  const auto hits = [&](const auto& by_base) {
+    auto it = by_base.upper_bound(addr + size - 1);
+    return it != by_base.begin() && std::prev(it)->first + std::prev(it)->second->size > addr;
+  };
+  if (hits(segments_)) return "a segment";
+  if (hits(adopted_)) return "an adopted block";
+  return nullptr;
+}
+
+void* HostPool::adopt(void* data, size_t size, bool lock, std::function<void()> release) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(data);
+  PINS_CHECK_VALUE(data != nullptr, "HostPool::adopt: data must not be null");
+  PINS_CHECK_VALUE(base % page_ == 0, "HostPool::adopt: data must be page-aligned (page ", page_, " bytes), got ",
+                   data);
+  PINS_CHECK_VALUE(size > 0 && size % page_ == 0 && size <= kMaxAllocation,
+                   "HostPool::adopt: size must be a positive multiple of the page (", page_,
+                   " bytes) up to 2^48, got ", size);
+  PINS_CHECK_VALUE(base + size > base, "HostPool::adopt: data ", data, " + size ", size,
+                   " runs past the end of the address space");
+  PINS_CHECK_VALUE(release != nullptr, "HostPool::adopt: release must be a callable, got an empty function");
+  const bool want_lock = lock && can_lock_;
+  Extent* e = nullptr;
+  {
+    MutexLock g(mu_);
+    const char* clash = overlap(base, size);
+    PINS_CHECK_VALUE(clash == nullptr, "HostPool::adopt: [", data, ", ", data, " + ", size, ") overlaps ", clash,
+                     " of this pool");
+    auto rec = std::make_unique<Extent>(Extent{base, size, nullptr, false});
+    rec->adopted = true;
+    rec->used = 1;
+    rec->locking = want_lock;  // in no list, with no block, until its lock returns
+    rec->release = std::move(release);
+    e = rec.get();
+    adopted_.emplace(base, std::move(rec));
+    stats_.adopted_bytes.increase(static_cast<int64_t>(size));
+    stats_.adopted_blocks.increase(1);
+    if (!want_lock) {
+      list_adopted(e);
+      return data;
+    }
+  }
+  int lrc = 0;
+  int64_t ns = 0;
+  {
+    PINS_RANGE("pins::register");
+    const int64_t t0 = monotonic_ns();
+    lrc = backend_->lock(data, size);
+    ns = monotonic_ns() - t0;
+  }
+  MutexLock g(mu_);
+  e->locking = false;
+  if (lrc != 0) {
+    stats_.lock_failures++;  // served unlocked, as the backend left it
+  } else {
+    e->locked = true;
+    stats_.registrations++;
+    stats_.lock_ns += ns;
+    stats_.locked_bytes.increase(static_cast<int64_t>(size));
+  }
+  list_adopted(e);
+  return data;
+}
+
+void HostPool::list_adopted(Extent* e) {
+  auto b = std::make_unique<Block>();
+  b->addr = e->base;
+  b->size = e->size;
+  b->requested = e->size;
+  b->ext = e;
+  b->state = BlockState::Allocated;
+  blocks_.emplace(b->addr, std::move(b));
+}
+
+void HostPool::retire(Block* b, std::vector<Extent*>& retired) {
+  Extent* e = b->ext;
+  PINS_ASSERT(e->adopted && !e->unlocking && !e->retiring && b->copies == 0);
+  e->retiring = true;
+  blocks_.erase(b->addr);  // its fences go with it: every one is done, and a reap still holds them
+  retired.push_back(e);
+}
+
+void HostPool::release_adopted(std::vector<Extent*> retired) {
+  // The extents are in adopted_ only, marked retiring, with no block: nobody
+  // else touches them while unlocked.
+  struct Done {
+    Extent* e;
+    bool locked;
+    int rc;
+    int64_t ns;
+  };
+  std::vector<Done> done;
+  for (Extent* e : retired) {
+    Done d{e, e->locked, 0, 0};
+    if (d.locked) {
+      PINS_RANGE("pins::unregister");
+      const int64_t t0 = monotonic_ns();
+      d.rc = backend_->unlock(reinterpret_cast<void*>(e->base), e->size);
+      d.ns = monotonic_ns() - t0;
+    }
+    done.push_back(d);
+  }
+  std::vector<std::function<void()>> releases;
+  {
+    MutexLock g(mu_);
+    for (const Done& d : done) {
+      Extent* e = d.e;
+      if (d.locked) {
+        // A refused unlock is counted and the block forgotten all the same: the
+        // pool cannot keep memory its owner is about to unmap.
+        if (d.rc == 0) {
+          stats_.unregistrations++;
+          stats_.unlock_ns += d.ns;
+        } else {
+          stats_.lock_failures++;
+        }
+        stats_.locked_bytes.decrease(static_cast<int64_t>(e->size));
+      }
+      stats_.adopted_bytes.decrease(static_cast<int64_t>(e->size));
+      stats_.adopted_blocks.decrease(1);
+      releases.push_back(std::move(e->release));
+      adopted_.erase(e->base);  // destroys e
+    }
+  }
+  // Each runs even when one before it throws; the first exception is rethrown.
+  std::exception_ptr first;
+  for (auto& r : releases) {
+    try {
+      r();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 void HostPool::record_fence(void* ptr, std::shared_ptr<Fence> fence) {
@@ -823,7 +988,7 @@ PoolSnapshot HostPool::snapshot() const {
   out.ranges_by_size.assign(ranges_by_size_.begin(), ranges_by_size_.end());
   for (const auto& [base, e] : extents_)
     out.extents.push_back({e->base, e->size, e->seg->base, e->locked, e->unlocking, e->decommitting, e->used,
-                           e->idle_since, e->prewarmed, e->locking});
+                           e->idle_since, e->prewarmed, e->locking, e->retiring});
   for (const auto& [addr, b] : blocks_)
     out.blocks.push_back({b->addr, b->size, b->requested, b->ext->base, b->prev ? b->prev->addr : 0,
                           b->next ? b->next->addr : 0, b->state, b->copies, b->fences.size()});
@@ -831,6 +996,9 @@ PoolSnapshot HostPool::snapshot() const {
             [](const PoolSnapshot::Block& a, const PoolSnapshot::Block& b) { return a.addr < b.addr; });
   for (int k = 0; k < 2; ++k) out.free[k].assign(free_[k].begin(), free_[k].end());
   for (const auto& [since, e] : idle_) out.idle.emplace_back(since, e->base);
+  for (const auto& [base, e] : adopted_)
+    out.adopted.push_back({e->base, e->size, 0, e->locked, e->unlocking, e->decommitting, e->used, e->idle_since,
+                           e->prewarmed, e->locking, e->retiring});
   for (const Block* b : parked_) out.parked.push_back(b->addr);
   out.idle_bytes = idle_bytes_;
   out.committing = committing_;

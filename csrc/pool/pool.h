@@ -63,17 +63,57 @@
 // needs no such check. A copy from an unlocked extent is safe for the pool's
 // purposes: the driver stages pageable memory before the call returns.
 //
+// Note [Adopted blocks]
+// adopt() takes memory the pool did not commit, a range another component
+// mapped (pins shared across processes: a MAP_SHARED mapping of a shared
+// segment), as one allocated block. So a pin of a shared segment is served as
+// any other: the pool stays the one place that knows whether a copy from
+// pinned memory is in flight (Note [Fences protect blocks], Note [Copies from a
+// block]) and the one place that page-locks, so the registration ceiling counts
+// and drops the locks of shared pins as it does those of private ones. The pool
+// knows nothing of files or segments: it page-locks the range through the
+// backend when asked (lock and unlock are the only backend calls it makes on
+// it, Note [Host backend contract]) and, once the block is freed and no copy or
+// fence holds it, it unlocks the range and calls the `release` it was given,
+// once, with no lock of the pool held; the owner unmaps there.
+//  - An adopted block is an extent of its own, with no segment, cut in exactly
+//    one block. It never joins the free lists, the idle set, the ranges, a
+//    prewarm, trim(), a decommit or the cap; it counts in adopted_bytes and
+//    adopted_blocks, not in committed_bytes, idle_bytes or the allocation
+//    counters (allocations, frees, allocated_bytes, requested_bytes, blocks).
+//    Its page-lock counts in locked_bytes and in the lock counters: it is
+//    page-locked memory of this process, which the ceiling bounds.
+//  - Every per-block call takes it: free, record_fence, in_flight, begin_copy,
+//    end_copy, requested_size, is_locked, and unlock(), which drops its lock
+//    with an own extent's checks (refused while a copy is begun or a fence is
+//    not done; begin_copy() refused while the lock is being dropped).
+//  - A free() while a copy is begun, a fence is listed or an unlock() is
+//    between its lock holds parks it; reap() retires it once its copies ended
+//    and its fences are done, as it returns an own parked block. Retiring takes the block out of
+//    blocks_ (no call finds it any more) and marks its extent retiring, unlocks
+//    it with the lock released, forgets it, then calls `release`. A release
+//    runs in the thread whose free(), try_allocate() or trim() (their reap)
+//    retired the block; ~HostPool releases every block still adopted, freed or
+//    not.
+//  - fork() (Note [Fork safety] in csrc/runtime/runtime.h): the child's copy of
+//    the bookkeeping lists the parent's adopted blocks, with their `release`,
+//    over the same shared pages; a free there runs `release` in the child, so
+//    an owner that keeps state across processes tells them apart itself. An
+//    adopt() or a retire caught between its lock holds leaves its extent
+//    being locked or retiring in the child: never served, never released.
+//
 // Locking: one mutex, mu_, level 3 of Note [Lock order]
 // (csrc/base/thread_safety.h): the last lock taken, and no other lock is taken
 // while it is held. Backend calls and fence queries run with it released; the
 // range they work on is taken out of every free list first, so no other thread
 // can see it in between (Note [Host pool invariants] names these in-between
 // states: bytes being committed, extents being decommitted or unlocked, blocks a
-// reap holds).
+// reap holds, adopted blocks being locked or retired).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -117,6 +157,19 @@ class HostPool {
   // Returns a block. Throws pins::ValueError for a pointer this pool did not hand out.
   void free(void* ptr) PINS_EXCLUDES(mu_);
 
+  // Note [Adopted blocks]. Takes [data, data + size), mapped by the caller
+  // (whole pages: data page-aligned, size a positive multiple of the page up to
+  // kMaxAllocation), as one allocated block; returns data. Page-locked through
+  // the backend when `lock` and the backend can lock; a lock the backend refuses
+  // leaves it unlocked and counts in lock_failures. Once the block is freed and
+  // no copy or fence holds it, the pool unlocks it (when locked) and calls
+  // `release` once, with no lock of the pool held, then forgets it; ~HostPool
+  // does the same for every block still adopted. `release` must not throw and,
+  // from ~HostPool, must not use the pool. Throws pins::ValueError, with nothing
+  // changed, for a null or unaligned data, a bad size, an empty `release`, or a
+  // range that overlaps this pool's segments or another adopted block.
+  void* adopt(void* data, size_t size, bool lock, std::function<void()> release) PINS_EXCLUDES(mu_);
+
   // Note [Fences protect blocks]
   void record_fence(void* ptr, std::shared_ptr<Fence> fence) PINS_EXCLUDES(mu_);
   // A copy begun and not ended, or a fence not done (Note [Copies from a block]).
@@ -157,8 +210,9 @@ class HostPool {
   // Whether the block lies in a page-locked extent.
   bool is_locked(void* ptr) const PINS_EXCLUDES(mu_);
   // Drops the page-lock of the extent holding `ptr` (its memory stays committed;
-  // every block in that extent becomes pageable). Returns the bytes unlocked: 0
-  // when it was not locked or a block in it has a copy in flight.
+  // every block in that extent becomes pageable), or of the adopted block `ptr`
+  // (Note [Adopted blocks]). Returns the bytes unlocked: 0 when it was not
+  // locked or a block in it has a copy in flight.
   size_t unlock(void* ptr) PINS_EXCLUDES(mu_);
   size_t cap() const PINS_EXCLUDES(mu_);
   void set_cap(size_t cap) PINS_EXCLUDES(mu_);
@@ -218,6 +272,17 @@ class HostPool {
   bool take_range(size_t size, uintptr_t* addr, Segment** seg) PINS_REQUIRES(mu_);
   void move_free_blocks(Extent* e, bool from_locked, bool to_locked) PINS_REQUIRES(mu_);
   void reap() PINS_EXCLUDES(mu_);
+  // Note [Adopted blocks]: whether [addr, addr + size) overlaps a segment or an
+  // adopted block; what it overlaps, or nullptr.
+  const char* overlap(uintptr_t addr, size_t size) const PINS_REQUIRES(mu_);
+  // Lists the adopted extent `e` (no block yet) as its one allocated block.
+  void list_adopted(Extent* e) PINS_REQUIRES(mu_);
+  // Takes the freed adopted block `b` (no copy begun, no fence, its extent not
+  // being unlocked) out of blocks_, marks its extent retiring and appends the
+  // extent to `retired`, for release_adopted().
+  void retire(Block* b, std::vector<Extent*>& retired) PINS_REQUIRES(mu_);
+  // Unlocks the retiring extents, forgets them, then calls their `release`.
+  void release_adopted(std::vector<Extent*> retired) PINS_EXCLUDES(mu_);
   // Appends `fence` to the block, dropping those of its fences that are done
   // (queried unlocked); with `ends_copy`, also ends one begun copy.
   void add_fence(void* ptr, std::shared_ptr<Fence> fence, bool ends_copy, const char* what) PINS_EXCLUDES(mu_);
@@ -236,7 +301,8 @@ class HostPool {
   // The Segment, Extent and Block records are reached only through these
   // guarded containers, so they are guarded by mu_ as well; the one exception is
   // an extent picked for decommit, which is in no container but extents_ and is
-  // touched only by the decommit() that picked it until it relocks.
+  // touched only by the decommit() that picked it until it relocks, and so is a
+  // retiring adopted extent (in adopted_ only) by release_adopted().
   mutable Mutex mu_;
   size_t cap_ PINS_GUARDED_BY(mu_);
   size_t committing_ PINS_GUARDED_BY(mu_) = 0;  // bytes taken from ranges_, commit in flight
@@ -253,6 +319,7 @@ class HostPool {
   std::unordered_map<uintptr_t, std::unique_ptr<Block>> blocks_ PINS_GUARDED_BY(mu_);  // every block, by address
   std::set<std::pair<size_t, uintptr_t>> free_[2] PINS_GUARDED_BY(mu_);  // free blocks by size; [locked]
   std::vector<Block*> parked_ PINS_GUARDED_BY(mu_);
+  std::map<uintptr_t, std::unique_ptr<Extent>> adopted_ PINS_GUARDED_BY(mu_);  // Note [Adopted blocks]
   PoolStats stats_ PINS_GUARDED_BY(mu_);
 };
 

@@ -84,6 +84,7 @@ void check_segments_and_extents(const PoolSnapshot& s) {
     }
     if (e.locking && (e.locked || e.unlocking || e.decommitting))
       violated("extent ", hex(e.base), " is being locked but is locked, unlocking or decommitting");
+    if (e.retiring) violated("extent ", hex(e.base), " of a segment is retiring, as only an adopted block does");
     inside(e.segment, e.base, e.size, "extent");
     if (s.page != 0 && (e.base % s.page != 0 || e.size % s.page != 0))
       violated("extent ", hex(e.base), " of ", e.size, " bytes is not page-aligned (page ", s.page, ")");
@@ -100,10 +101,38 @@ void check_segments_and_extents(const PoolSnapshot& s) {
   if (used != extent_bytes + s.committing)
     violated("the segments use ", used, " bytes, but the extents hold ", extent_bytes, " and ", s.committing,
              " are being committed");
+
+  // Note [Adopted blocks]: outside every segment, overlapping nothing.
+  std::vector<Span> outside;
+  for (const auto& g : s.segments) outside.push_back({g.base, g.size, "segment"});
+  int64_t adopted = 0;
+  for (const auto& e : s.adopted) {
+    if (e.segment != 0 || e.prewarmed || e.decommitting)
+      violated("adopted block ", hex(e.base), " names segment ", hex(e.segment), " or is prewarmed (", e.prewarmed,
+               ") or decommitting (", e.decommitting, ")");
+    if (e.locking && (e.locked || e.unlocking || e.retiring))
+      violated("adopted block ", hex(e.base), " is being locked but is locked, unlocking or retiring");
+    if (e.retiring && e.unlocking) violated("adopted block ", hex(e.base), " is retiring while being unlocked");
+    if (e.size == 0 || (s.page != 0 && (e.base % s.page != 0 || e.size % s.page != 0)))
+      violated("adopted block ", hex(e.base), " of ", e.size, " bytes is not whole pages (page ", s.page, ")");
+    outside.push_back({e.base, e.size, "adopted block"});
+    adopted += static_cast<int64_t>(e.size);
+    if (e.locked || e.unlocking) locked += static_cast<int64_t>(e.size);
+  }
+  std::sort(outside.begin(), outside.end(), [](const Span& a, const Span& b) { return a.addr < b.addr; });
+  for (size_t i = 1; i < outside.size(); ++i)
+    if (outside[i - 1].addr + outside[i - 1].size > outside[i].addr)
+      violated(outside[i - 1].what, " ", hex(outside[i - 1].addr), " of ", outside[i - 1].size, " bytes overlaps ",
+               outside[i].what, " ", hex(outside[i].addr));
+  if (adopted != s.stats.adopted_bytes.current)
+    violated("adopted_bytes is ", s.stats.adopted_bytes.current, " but the adopted blocks sum to ", adopted);
+  if (static_cast<int64_t>(s.adopted.size()) != s.stats.adopted_blocks.current)
+    violated("adopted_blocks is ", s.stats.adopted_blocks.current, " but ", s.adopted.size(), " blocks are adopted");
   if (committed != s.stats.committed_bytes.current)
     violated("committed_bytes is ", s.stats.committed_bytes.current, " but the extents sum to ", committed);
   if (locked != s.stats.locked_bytes.current)
-    violated("locked_bytes is ", s.stats.locked_bytes.current, " but the locked extents sum to ", locked);
+    violated("locked_bytes is ", s.stats.locked_bytes.current, " but the locked extents and adopted blocks sum to ",
+             locked);
   if (prewarmed != s.stats.prewarmed_bytes.current)
     violated("prewarmed_bytes is ", s.stats.prewarmed_bytes.current, " but the prewarmed extents sum to ", prewarmed);
 }
@@ -197,8 +226,36 @@ void check_blocks(const PoolSnapshot& s) {
       idle_bytes += e.size;
     }
   }
+  // Note [Adopted blocks]: one block each, in no free or idle set, in no
+  // level but copies.
+  for (const auto& e : s.adopted) {
+    auto it = blocks.find(e.base);
+    if (e.locking || e.retiring) {
+      if (it != blocks.end())
+        violated("adopted block ", hex(e.base), " is being ", e.locking ? "locked" : "retired",
+                 " but is still listed");
+      continue;
+    }
+    if (it == blocks.end()) violated("adopted block ", hex(e.base), " is not listed as a block");
+    const PoolSnapshot::Block& b = *it->second;
+    if (b.extent != e.base || b.prev != 0 || b.next != 0 || b.size != e.size)
+      violated("adopted block ", hex(e.base), " of ", e.size, " bytes is not one block of its own (block of ", b.size,
+               " bytes naming extent ", hex(b.extent), ", prev ", hex(b.prev), ", next ", hex(b.next), ")");
+    if (b.state == BlockState::Free)
+      violated("adopted block ", hex(e.base), " is free: it is retired when freed, never listed free");
+    if (b.requested != b.size)
+      violated("adopted block ", hex(e.base), " of ", b.size, " bytes was requested with ", b.requested, " bytes");
+    if (b.copies < 0) violated("block ", hex(b.addr), " has ", b.copies, " copies begun");
+    if (e.unlocking && b.copies != 0)
+      violated("block ", hex(b.addr), " has ", b.copies, " copies begun in adopted block ", hex(e.base),
+               ", whose page-lock is being dropped");
+    if (e.used != 1) violated("adopted block ", hex(e.base), " counts ", e.used, " blocks in use, it has 1");
+    copies += b.copies;
+    if (b.state == BlockState::Parked) ++parked;
+    ++chained;
+  }
   if (chained != s.blocks.size())
-    violated(s.blocks.size(), " blocks are listed but the extents' chains hold ", chained);
+    violated(s.blocks.size(), " blocks are listed but the extents' chains and the adopted blocks hold ", chained);
 
   for (int k = 0; k < 2; ++k) {
     const std::set<std::pair<size_t, uintptr_t>> got(s.free[k].begin(), s.free[k].end());

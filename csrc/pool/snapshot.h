@@ -31,7 +31,16 @@
 //  - Note [Copies from a block]: a free block has no copy begun and no fence;
 //    the copies level is the sum of the blocks' begun copies; no block of an
 //    extent being unlocked has a copy begun (unlock() refuses one, and
-//    begin_copy() refuses while it runs).
+//    begin_copy() refuses while it runs);
+//  - Note [Adopted blocks] (pool.h): adopted extents are whole pages outside
+//    every segment, overlapping no other; each is exactly one block, allocated
+//    or parked, requested whole, counted as used once, in no free or idle set,
+//    except while being locked (by adopt()) or retiring (freed, its unlock and
+//    release in flight), when it has no block; never prewarmed or decommitting,
+//    never retiring and being unlocked at once. adopted_bytes and
+//    adopted_blocks are their sum and count; locked_bytes counts those locked
+//    (or being unlocked) too; they count in no other level but copies, and
+//    their parked blocks are in the parked list (or a reap's hands) as any.
 #pragma once
 
 #include <cstddef>
@@ -66,7 +75,8 @@ struct PoolSnapshot {
     size_t used = 0;            // allocated and parked blocks
     uint64_t idle_since = 0;
     bool prewarmed = false;     // committed ahead of need, not cut yet (Note [Host pool layout])
-    bool locking = false;       // cut from prewarmed memory, its lock() in flight
+    bool locking = false;       // its lock() in flight: cut from prewarmed memory, or adopted
+    bool retiring = false;      // adopted, freed: its unlock and release in flight
   };
   struct Block {
     uintptr_t addr = 0;
@@ -86,6 +96,7 @@ struct PoolSnapshot {
   std::vector<Range> ranges;                             // by address
   std::vector<std::pair<size_t, uintptr_t>> ranges_by_size;
   std::vector<Extent> extents;                           // by base
+  std::vector<Extent> adopted;                           // by base; segment 0 (Note [Adopted blocks])
   std::vector<Block> blocks;                             // by address
   std::vector<std::pair<size_t, uintptr_t>> free[2];     // (size, addr) of free blocks; [locked]
   std::vector<std::pair<uint64_t, uintptr_t>> idle;      // (idle_since, extent base)

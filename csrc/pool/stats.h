@@ -29,12 +29,17 @@ struct Stat {
 struct PoolStats {
   Stat reserved_bytes;    // address space held in segments
   Stat committed_bytes;   // bytes backed by RAM
-  Stat locked_bytes;      // bytes page-locked (registered with the driver, or mlocked)
+  Stat locked_bytes;      // bytes page-locked (registered with the driver, or mlocked), adopted blocks included
   Stat allocated_bytes;   // bytes in live blocks, aligned sizes
   Stat requested_bytes;   // bytes callers asked for, in live blocks
   Stat blocks;            // live blocks
   Stat copies;            // copies begun and not ended (Note [Copies from a block])
   Stat prewarmed_bytes;   // bytes committed ahead of need and not taken yet (HostPool::prewarm)
+  // Note [Adopted blocks] (HostPool::adopt): blocks of memory mapped by a caller,
+  // in no other level but locked_bytes and copies. Parked ones count until
+  // released: `allocated` sums what was adopted, `freed` what was released.
+  Stat adopted_bytes;     // bytes of adopted blocks not released yet
+  Stat adopted_blocks;    // adopted blocks not released yet
 
   int64_t allocations = 0;     // COUNT successful allocations
   int64_t frees = 0;           // COUNT frees
@@ -43,8 +48,8 @@ struct PoolStats {
   int64_t segments = 0;        // COUNT segments reserved
   int64_t commits = 0;         // COUNT extents committed
   int64_t decommits = 0;       // COUNT extents decommitted
-  int64_t registrations = 0;   // COUNT extents page-locked
-  int64_t unregistrations = 0; // COUNT extents unlocked
+  int64_t registrations = 0;   // COUNT extents and adopted blocks page-locked
+  int64_t unregistrations = 0; // COUNT extents and adopted blocks unlocked
   int64_t lock_failures = 0;   // COUNT page-lock calls the OS or driver refused
   int64_t busy_unlocks = 0;    // COUNT unlock() refused: a copy begun or a fence not done in the extent
   int64_t copy_refusals = 0;   // COUNT begin_copy() refused: the extent's page-lock was being dropped
@@ -60,7 +65,7 @@ struct PoolStats {
 
   void reset_accumulated() {
     for (Stat* s : {&reserved_bytes, &committed_bytes, &locked_bytes, &allocated_bytes, &requested_bytes, &blocks,
-                    &copies, &prewarmed_bytes})
+                    &copies, &prewarmed_bytes, &adopted_bytes, &adopted_blocks})
       s->reset_accumulated();
     allocations = frees = refusals = deferred_frees = segments = commits = decommits = 0;
     registrations = unregistrations = lock_failures = busy_unlocks = copy_refusals = 0;
@@ -69,7 +74,7 @@ struct PoolStats {
   }
   void reset_peak() {
     for (Stat* s : {&reserved_bytes, &committed_bytes, &locked_bytes, &allocated_bytes, &requested_bytes, &blocks,
-                    &copies, &prewarmed_bytes})
+                    &copies, &prewarmed_bytes, &adopted_bytes, &adopted_blocks})
       s->reset_peak();
   }
 };

@@ -5,6 +5,9 @@
 #if defined(_WIN32)
 #include <windows.h>
 #include <psapi.h>
+#else
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 #include <atomic>
@@ -41,6 +44,43 @@ PoolOptions opts(size_t extent_min = 1 * MiB, size_t cap = 0, size_t retain = 64
 
 uintptr_t addr(void* p) { return reinterpret_cast<uintptr_t>(p); }
 
+// Note [Adopted blocks]: pages mapped as the owner of a shared segment maps
+// them (MAP_SHARED; anonymous here, the pool never sees a file), VirtualAlloc
+// on Windows. unmap() is what an owner's release does.
+class Mapping {
+ public:
+  explicit Mapping(size_t size) : size_(size) {
+#if defined(_WIN32)
+    data_ = VirtualAlloc(nullptr, size, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+#else
+    data_ = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (data_ == MAP_FAILED) data_ = nullptr;
+#endif
+    if (data_ == nullptr) throw std::runtime_error("Mapping: the OS refused " + std::to_string(size) + " bytes");
+  }
+  ~Mapping() { unmap(); }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  void unmap() {
+    if (data_ == nullptr) return;
+#if defined(_WIN32)
+    VirtualFree(data_, 0, MEM_RELEASE);
+#else
+    munmap(data_, size_);
+#endif
+    data_ = nullptr;
+    unmaps++;
+  }
+  void* data() const { return data_; }
+  char* at(size_t off) const { return static_cast<char*>(data_) + off; }
+  size_t size() const { return size_; }
+  std::atomic<int> unmaps{0};
+
+ private:
+  void* data_ = nullptr;
+  size_t size_;
+};
+
 // A HostPool whose invariants (Note [Host pool invariants]) are checked after
 // every call that may change it, whether the call returns or throws. Under
 // several threads each check sees the others' calls half done.
@@ -60,6 +100,10 @@ class CheckedPool {
   void free(void* ptr) {
     Checker c{*this};
     pool_.free(ptr);
+  }
+  void* adopt(void* data, size_t size, bool lock, std::function<void()> release) {
+    Checker c{*this};
+    return pool_.adopt(data, size, lock, std::move(release));
   }
   void record_fence(void* ptr, std::shared_ptr<Fence> fence) {
     Checker c{*this};
@@ -473,6 +517,11 @@ namespace {
 // Every call of the pool, in random order, on small extents and a moving cap;
 // CheckedPool checks the invariants after each.
 TEST(HostPoolInvariants, HoldAcrossRandomCalls) {
+  // Note [Adopted blocks]: slots of a shared mapping, adopted among the pool's own blocks.
+  constexpr size_t kSlot = 64 * KiB;
+  Mapping shared(64 * kSlot);
+  std::vector<bool> slot_used(64, false);
+  int adoptions = 0, releases = 0;
   CheckedPool pool(make_null_backend(), opts(256 * KiB, 0, 1 * MiB));
   const unsigned seed = std::random_device{}();
   std::printf("HostPoolInvariants.HoldAcrossRandomCalls seed=%u\n", seed);
@@ -481,7 +530,7 @@ TEST(HostPoolInvariants, HoldAcrossRandomCalls) {
   std::vector<void*> live;
   std::vector<void*> copying;  // begun copies (their blocks may have been freed since)
   for (int i = 0; i < 3000; ++i) {
-    switch (rng() % 10) {
+    switch (rng() % 11) {
       case 0:
       case 1:
       case 2: {
@@ -530,6 +579,18 @@ TEST(HostPoolInvariants, HoldAcrossRandomCalls) {
           copying.erase(copying.begin() + static_cast<long>(k));
         }
         break;
+      case 10: {
+        const size_t k = rng() % slot_used.size();
+        if (slot_used[k]) break;
+        slot_used[k] = true;
+        adoptions++;
+        live.push_back(pool.adopt(shared.at(k * kSlot), 4 * KiB * (1 + rng() % 16), rng() % 4 != 0, [&, k] {
+          EXPECT_TRUE(slot_used[k]) << "released twice";
+          slot_used[k] = false;
+          releases++;
+        }));
+        break;
+      }
     }
   }
   for (void* p : copying) pool.end_copy(p);
@@ -540,6 +601,10 @@ TEST(HostPoolInvariants, HoldAcrossRandomCalls) {
   EXPECT_EQ(s.blocks.current, 0);
   EXPECT_EQ(s.committed_bytes.current, 0);
   EXPECT_EQ(s.reserved_bytes.current, 0);
+  EXPECT_EQ(releases, adoptions);
+  EXPECT_EQ(s.adopted_blocks.current, 0);
+  EXPECT_EQ(s.adopted_blocks.freed, adoptions);
+  EXPECT_EQ(s.locked_bytes.current, 0);
 }
 
 // A pool with allocated, free, parked, idle and unlocked parts, and a snapshot
@@ -559,22 +624,31 @@ class BusyPool : public ::testing::Test {
     pool_.record_fence(c, std::make_shared<FakeFence>(&pending_));
     pool_.free(c);  // parked
     ASSERT_TRUE(pool_.begin_copy(a_));  // a copy being issued (Note [Copies from a block])
+    // Note [Adopted blocks]: one live and locked, one parked and unlocked.
+    adopted_ = pool_.adopt(shared_.data(), 32 * KiB, true, [this] { released_++; });
+    void* gone = pool_.adopt(shared_.at(32 * KiB), 32 * KiB, false, [this] { released_++; });
+    pool_.record_fence(gone, std::make_shared<FakeFence>(&pending_));
+    pool_.free(gone);
     good_ = pool_.snapshot();
   }
   void TearDown() override {
     pool_.end_copy(a_);
     pending_ = true;
-    for (void* p : {a_, big_, plain_}) pool_.free(p);
+    for (void* p : {a_, big_, plain_, adopted_}) pool_.free(p);
     pool_.trim(0);
     pool_.check_invariants();
     EXPECT_EQ(pool_.stats().committed_bytes.current, 0);
+    EXPECT_EQ(released_, 2);
   }
 
+  Mapping shared_{64 * KiB};  // outlives pool_, which may release into it
+  int released_ = 0;
   std::atomic<bool> pending_{false};
   HostPool pool_{make_null_backend(), opts(1 * MiB, 0, 64 * MiB)};
   void* a_ = nullptr;
   void* big_ = nullptr;
   void* plain_ = nullptr;
+  void* adopted_ = nullptr;
   PoolSnapshot good_;
 };
 
@@ -595,9 +669,12 @@ TEST_F(BusyPool, SnapshotPasses) {
   EXPECT_EQ(good_.stats.copies.current, 1);
   EXPECT_EQ(good_.blocks[index_of(good_, addr(a_))].copies, 1);
   EXPECT_NO_THROW(pool_.check_invariants());
-  EXPECT_EQ(good_.parked.size(), 1u);
+  EXPECT_EQ(good_.parked.size(), 2u);  // an own block and an adopted one
   EXPECT_EQ(good_.idle.size(), 2u);
   EXPECT_EQ(good_.extents.size(), 5u);
+  ASSERT_EQ(good_.adopted.size(), 2u);
+  EXPECT_TRUE(good_.adopted[0].locked);
+  EXPECT_EQ(good_.stats.adopted_bytes.current, static_cast<int64_t>(64 * KiB));
   EXPECT_EQ(good_.stats.prewarmed_bytes.current, static_cast<int64_t>(2 * MiB));
   EXPECT_FALSE(good_.free[0].empty());
   EXPECT_FALSE(good_.free[1].empty());
@@ -713,6 +790,26 @@ TEST_F(BusyPool, EachCorruptionIsCaught) {
            }
        },
        "being locked"},
+      // Note [Adopted blocks]
+      {"adopted_bytes drifts", [](PoolSnapshot& s) { s.stats.adopted_bytes.current += 4096; }, "adopted_bytes"},
+      {"adopted_blocks drifts", [](PoolSnapshot& s) { s.stats.adopted_blocks.current -= 1; }, "adopted_blocks"},
+      {"locked_bytes forgets an adopted lock",
+       [](PoolSnapshot& s) { s.stats.locked_bytes.current -= static_cast<int64_t>(32 * KiB); }, "locked_bytes"},
+      {"an adopted block is listed free",
+       [](PoolSnapshot& s) { s.free[1].push_back({s.adopted[0].size, s.adopted[0].base}); }, "free set lists"},
+      {"an adopted block is listed idle", [](PoolSnapshot& s) { s.idle.push_back({1u << 30, s.adopted[0].base}); },
+       "idle set"},
+      {"an adopted block loses its block",
+       [](PoolSnapshot& s) { s.blocks.erase(s.blocks.begin() + static_cast<long>(index_of(s, s.adopted[0].base))); },
+       "is not listed as a block"},
+      {"an adopted block is cut", [](PoolSnapshot& s) { s.blocks[index_of(s, s.adopted[0].base)].size -= 4096; },
+       "not one block of its own"},
+      {"an adopted block is retiring but still listed", [](PoolSnapshot& s) { s.adopted[0].retiring = true; },
+       "still listed"},
+      {"an adopted block lies in a segment", [](PoolSnapshot& s) { s.adopted[0].base = s.segments[0].base; },
+       "overlaps"},
+      {"two adopted blocks overlap", [](PoolSnapshot& s) { s.adopted[1].base = s.adopted[0].base + 4096; },
+       "overlaps"},
   };
   ASSERT_EQ(good.segments.size(), 1u);
   ASSERT_EQ(good.ranges.size(), 1u);
@@ -978,12 +1075,52 @@ TEST(HostPoolDma, FreeDuringACopyParksTheBlock) {
   EXPECT_EQ(pool.stats().committed_bytes.current, 0) << "retain_free:0";
 }
 
+// Note [Adopted blocks]: a copy from an adopted block keeps its page-lock and
+// its mapping (the release, where its owner unmaps) until the copy is done,
+// whether the block is unlocked or freed meanwhile.
+TEST(HostPoolDma, AnAdoptedBlockIsUnlockedAndReleasedOnlyAfterItsCopy) {
+  Dma dma;
+  CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(1 * MiB, 0, 0));
+  Mapping m(256 * KiB);
+  const uintptr_t base = addr(m.data());
+  int released = 0;
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, [&] {
+    dma.decommitted(base, m.size());  // the owner's munmap: a fault under a running copy
+    released++;
+    m.unmap();
+  });
+  ASSERT_TRUE(pool.begin_copy(p));
+  const auto copy = dma.issue(p, 256 * KiB);
+  ASSERT_TRUE(copy->from_locked);
+  EXPECT_EQ(pool.unlock(p), 0u) << "its copy is being issued";
+  pool.free(p);
+  pool.end_copy(p, std::make_shared<CopyFence>(copy));
+  pool.trim(0);
+  void* own = pool.allocate(64 * KiB);  // a reap of its own
+  EXPECT_EQ(released, 0);
+  EXPECT_TRUE(pool.is_locked(own));
+  dma.complete(*copy);
+  pool.trim(0);
+  EXPECT_EQ(released, 1);
+  EXPECT_EQ(dma.violations(), 0) << dma.report();
+  pool.free(own);
+}
+
 // Threads that copy from small blocks sharing extents (begin_copy, issue, end_copy
 // with the fence, complete later, free) against a thread that unlocks random
 // blocks and trims: no page-lock dropped, no page decommitted and no block
-// handed out again under a running copy.
+// handed out again under a running copy. A quarter of the blocks are adopted
+// slots of a shared mapping (Note [Adopted blocks]), whose release (the
+// owner's unmap, on whichever thread reaps them) must not come under a copy
+// either.
 TEST(HostPoolDma, CopiersAgainstAnUnlocker) {
   Dma dma;
+  constexpr size_t kSlot = 128 * KiB;
+  Mapping shared(64 * kSlot);
+  std::mutex slots_mu;
+  std::vector<size_t> free_slots;  // LOCK: slots_mu
+  for (size_t k = 0; k < 64; ++k) free_slots.push_back(k);
+  std::atomic<int> adoptions{0}, releases{0};
   CheckedPool pool(std::make_unique<WatchedBackend>(dma), opts(512 * KiB, 0, 1 * MiB));
   const unsigned seed = std::random_device{}();
   std::printf("HostPoolDma.CopiersAgainstAnUnlocker seed=%u\n", seed);
@@ -1004,8 +1141,24 @@ TEST(HostPoolDma, CopiersAgainstAnUnlocker) {
         mine.erase(mine.begin() + static_cast<long>(k));
       };
       for (int i = 0; i < 800; ++i) {
-        const size_t n = 4 * KiB + rng() % (96 * KiB);
-        void* p = pool.allocate(n, rng() % 8 != 0);
+        size_t n = 4 * KiB + rng() % (96 * KiB);
+        void* p = nullptr;
+        if (rng() % 4 == 0) {
+          std::lock_guard<std::mutex> g(slots_mu);
+          if (!free_slots.empty()) {
+            const size_t k = free_slots.back();
+            free_slots.pop_back();
+            n = (n + 4 * KiB - 1) / (4 * KiB) * (4 * KiB);
+            p = pool.adopt(shared.at(k * kSlot), n, rng() % 8 != 0, [&, k, n] {
+              dma.decommitted(addr(shared.at(k * kSlot)), n);
+              releases++;
+              std::lock_guard<std::mutex> g2(slots_mu);
+              free_slots.push_back(k);
+            });
+            adoptions++;
+          }
+        }
+        if (p == nullptr) p = pool.allocate(n, rng() % 8 != 0);
         dma.handed_out(p, n);
         {
           std::lock_guard<std::mutex> g(live_mu);
@@ -1053,6 +1206,11 @@ TEST(HostPoolDma, CopiersAgainstAnUnlocker) {
   EXPECT_EQ(s.blocks.current, 0);
   EXPECT_EQ(s.copies.current, 0);
   EXPECT_EQ(s.committed_bytes.current, 0);
+  EXPECT_GT(adoptions.load(), 0);
+  EXPECT_EQ(releases.load(), adoptions.load());
+  EXPECT_EQ(s.adopted_blocks.current, 0);
+  EXPECT_EQ(s.locked_bytes.current, 0);
+  EXPECT_EQ(free_slots.size(), 64u);
 }
 
 // Sizes near 2^64 are refused before any arithmetic on them (SIZE_MAX - 511
@@ -1289,6 +1447,490 @@ TEST(HostPoolPrewarm, AHotPathAllocationNeverWaitsForAPrewarmInFlight) {
   be.hold_commits = false;
   prewarmer.join();
   EXPECT_EQ(pool.stats().prewarms, 1);
+}
+
+}  // namespace
+}  // namespace pins
+
+namespace pins {
+namespace {
+
+// ------------------------------------------------------------------ adopted blocks (Note [Adopted blocks])
+
+// The null backend's bookkeeping, logging every lock and unlock (and, through
+// `note`, what a test adds: its releases) in one ordered list; a lock or unlock
+// is refused when asked, and `during_unlock` runs once inside the next unlock.
+class LogBackend final : public HostBackend {
+ public:
+  LogBackend() : inner_(make_null_backend()) {}
+  const char* name() const override { return "log"; }
+  size_t page_size() const override { return inner_->page_size(); }
+  bool can_lock() const override { return true; }
+  int reserve(size_t size, void** p) override { return inner_->reserve(size, p); }
+  int release(void* p, size_t size) override { return inner_->release(p, size); }
+  int commit(void* p, size_t size) override { return inner_->commit(p, size); }
+  int decommit(void* p, size_t size) override { return inner_->decommit(p, size); }
+  int lock(void* p, size_t size) override {
+    note("lock", p, size);
+    return refuse_locks ? ENOMEM : inner_->lock(p, size);
+  }
+  int unlock(void* p, size_t size) override {
+    note("unlock", p, size);
+    if (auto hook = std::exchange(during_unlock, nullptr)) hook();
+    return refuse_unlocks ? EIO : inner_->unlock(p, size);
+  }
+  void note(const char* what, void* p, size_t size) {
+    std::lock_guard<std::mutex> g(mu_);
+    log_.push_back(detail::cat(what, " ", p, " ", size));
+  }
+  std::vector<std::string> log() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return log_;
+  }
+  std::atomic<bool> refuse_locks{false}, refuse_unlocks{false};
+  std::function<void()> during_unlock;
+
+ private:
+  std::unique_ptr<HostBackend> inner_;
+  mutable std::mutex mu_;
+  std::vector<std::string> log_;
+};
+
+std::string entry(const char* what, const Mapping& m) { return detail::cat(what, " ", m.data(), " ", m.size()); }
+std::vector<std::string> entries(std::initializer_list<const char*> whats, const Mapping& m) {
+  std::vector<std::string> out;
+  for (const char* w : whats) out.push_back(entry(w, m));
+  return out;
+}
+
+// A release as an owner writes it: unmap, and say so in the backend's log.
+std::function<void()> unmapper(Mapping& m, LogBackend& be) {
+  return [&m, &be] {
+    be.note("release", m.data(), m.size());
+    m.unmap();
+  };
+}
+
+// Every per-block call takes an adopted block; the release runs once, after the
+// unlock, with no lock of the pool held (it takes the pool's lock itself here:
+// held, that would deadlock), and finds the block already forgotten.
+TEST(HostPoolAdopt, ServesEveryPerBlockCallAndReleasesOnceAfterTheUnlock) {
+  auto backend = std::make_unique<LogBackend>();
+  LogBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+  Mapping m(1 * MiB);
+  const std::string unmap_entry = entry("release", m);  // m.data() is gone once unmapped
+  int released = 0;
+  int64_t adopted_at_release = -1;
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, [&] {
+    released++;
+    pool.check();
+    adopted_at_release = pool.stats().adopted_blocks.current;
+    be.note("release", m.data(), m.size());
+    m.unmap();
+  });
+  EXPECT_EQ(p, m.data());
+  std::memset(p, 0x5a, m.size());  // the caller's pages, as mapped
+  EXPECT_TRUE(pool.is_locked(p));
+  EXPECT_EQ(pool.requested_size(p), 1 * MiB);
+  EXPECT_FALSE(pool.in_flight(p));
+  ASSERT_TRUE(pool.begin_copy(p));
+  EXPECT_TRUE(pool.in_flight(p));
+  pool.end_copy(p);
+  EXPECT_FALSE(pool.in_flight(p));
+  std::atomic<bool> done{true};
+  pool.record_fence(p, std::make_shared<FakeFence>(&done));
+  EXPECT_FALSE(pool.in_flight(p));
+
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.adopted_bytes.current, static_cast<int64_t>(1 * MiB));
+  EXPECT_EQ(s.adopted_blocks.current, 1);
+  EXPECT_EQ(s.locked_bytes.current, static_cast<int64_t>(1 * MiB)) << "page-locked memory of this process";
+  EXPECT_EQ(s.registrations, 1);
+  EXPECT_EQ(s.committed_bytes.current, 0);
+  EXPECT_EQ(s.allocated_bytes.current, 0);
+  EXPECT_EQ(s.requested_bytes.current, 0);
+  EXPECT_EQ(s.blocks.current, 0);
+  EXPECT_EQ(s.allocations, 0);
+  EXPECT_EQ(pool.idle_bytes(), 0u);
+  const PoolSnapshot snap = pool.snapshot();
+  ASSERT_EQ(snap.adopted.size(), 1u);
+  EXPECT_EQ(snap.adopted[0].base, addr(m.data()));
+  EXPECT_TRUE(snap.adopted[0].locked);
+  EXPECT_TRUE(snap.extents.empty());
+  EXPECT_TRUE(snap.segments.empty());
+  EXPECT_TRUE(snap.free[0].empty() && snap.free[1].empty() && snap.idle.empty());
+
+  const std::vector<std::string> want = {entry("lock", m), entry("unlock", m), unmap_entry};
+  pool.free(p);  // a fence is listed: parked until a reap finds it done, as an own block
+  EXPECT_EQ(released, 0);
+  EXPECT_EQ(pool.snapshot().parked.size(), 1u);
+  pool.trim(0);
+  EXPECT_EQ(released, 1);
+  EXPECT_EQ(adopted_at_release, 0) << "released after the pool forgot it";
+  EXPECT_EQ(be.log(), want);
+  s = pool.stats();
+  EXPECT_EQ(s.adopted_bytes.current, 0);
+  EXPECT_EQ(s.adopted_bytes.allocated, static_cast<int64_t>(1 * MiB));
+  EXPECT_EQ(s.adopted_bytes.freed, static_cast<int64_t>(1 * MiB));
+  EXPECT_EQ(s.adopted_blocks.allocated, 1);
+  EXPECT_EQ(s.adopted_blocks.freed, 1);
+  EXPECT_EQ(s.locked_bytes.current, 0);
+  EXPECT_EQ(s.unregistrations, 1);
+  EXPECT_EQ(s.frees, 0) << "not an allocation's free";
+  EXPECT_EQ(s.deferred_frees, 0);
+  // Forgotten: every per-block call refuses the pointer now.
+  EXPECT_THROW(pool.free(p), ValueError);
+  EXPECT_THROW(pool.is_locked(p), ValueError);
+  EXPECT_THROW(pool.begin_copy(p), ValueError);
+  pool.trim(0);
+  EXPECT_EQ(released, 1) << "released exactly once";
+  EXPECT_EQ(be.log(), want);
+}
+
+// Note [Fences protect blocks]: freed with a fence pending, it is parked; the
+// reaps of try_allocate() and of trim() release it only once the fence is done.
+TEST(HostPoolAdopt, AFreeWithAPendingFenceParksItUntilTheFenceIsDone) {
+  auto backend = std::make_unique<LogBackend>();
+  LogBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+  Mapping m(256 * KiB), n(256 * KiB);
+  const std::vector<std::string> want = {entry("lock", m), entry("unlock", m), entry("release", m),
+                                         entry("release", n)};
+  std::atomic<bool> done{false};
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, unmapper(m, be));
+  void* q = pool.adopt(n.data(), n.size(), /*lock=*/false, unmapper(n, be));
+  pool.record_fence(p, std::make_shared<FakeFence>(&done));
+  pool.record_fence(q, std::make_shared<FakeFence>(&done));
+  EXPECT_TRUE(pool.in_flight(p));
+  pool.free(p);
+  pool.free(q);
+  EXPECT_EQ(pool.snapshot().parked.size(), 2u);
+  void* own = pool.allocate(4 * KiB, /*lock=*/false);  // its reap finds the fence pending
+  pool.trim(0);                                        // so does this one
+  EXPECT_EQ(m.unmaps, 0);
+  EXPECT_EQ(n.unmaps, 0);
+  EXPECT_EQ(be.log(), std::vector<std::string>{entry("lock", m)}) << "no unlock under a pending copy";
+  EXPECT_EQ(pool.stats().adopted_bytes.current, static_cast<int64_t>(512 * KiB)) << "parked blocks still count";
+  EXPECT_EQ(pool.stats().locked_bytes.current, static_cast<int64_t>(256 * KiB));
+  done = true;
+  void* own2 = pool.allocate(4 * KiB, /*lock=*/false);  // this reap releases them, in the order they were freed
+  EXPECT_EQ(m.unmaps, 1);
+  EXPECT_EQ(n.unmaps, 1);
+  EXPECT_EQ(be.log(), want) << "n was never locked: no unlock";
+  pool.trim(0);
+  EXPECT_EQ(m.unmaps, 1);
+  EXPECT_EQ(n.unmaps, 1);
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.adopted_blocks.current, 0);
+  EXPECT_EQ(s.adopted_blocks.freed, 2);
+  EXPECT_EQ(s.deferred_frees, 0) << "counts the allocations' frees only";
+  pool.free(own);
+  pool.free(own2);
+}
+
+// Note [Copies from a block]: freed between begin_copy() and end_copy(), it is
+// parked until the copy ended and the copy's fence is done.
+TEST(HostPoolAdopt, AFreeDuringACopyParksItUntilTheCopyEndsAndItsFenceIsDone) {
+  auto backend = std::make_unique<LogBackend>();
+  LogBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+  Mapping m(64 * KiB), n(64 * KiB);
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, unmapper(m, be));
+  void* q = pool.adopt(n.data(), n.size(), /*lock=*/true, unmapper(n, be));
+  ASSERT_TRUE(pool.begin_copy(p));
+  ASSERT_TRUE(pool.begin_copy(q));
+  pool.free(p);
+  pool.free(q);
+  pool.trim(0);
+  EXPECT_EQ(m.unmaps + n.unmaps, 0) << "released under a copy being issued";
+  std::atomic<bool> done{false};
+  pool.end_copy(p, std::make_shared<FakeFence>(&done));  // p was freed meanwhile: allowed
+  pool.end_copy(q);                                      // q's copy completed
+  pool.trim(0);
+  EXPECT_EQ(m.unmaps, 0) << "released under a pending fence";
+  EXPECT_EQ(n.unmaps, 1);
+  done = true;
+  pool.trim(0);
+  EXPECT_EQ(m.unmaps, 1);
+  EXPECT_EQ(pool.stats().copies.current, 0);
+  EXPECT_EQ(pool.stats().adopted_blocks.current, 0);
+  EXPECT_THROW(pool.end_copy(p), ValueError) << "no copy begun: it is forgotten";
+}
+
+// unlock() of an adopted block drops its lock through the backend, with the
+// checks of an own extent: refused while a copy is begun or a fence is pending.
+TEST(HostPoolAdopt, UnlockDropsItsLockWithTheChecksOfAnExtent) {
+  auto backend = std::make_unique<LogBackend>();
+  LogBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+  Mapping m(128 * KiB);
+  const std::vector<std::string> want = entries({"lock", "unlock", "release"}, m);
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, unmapper(m, be));
+  ASSERT_TRUE(pool.begin_copy(p));
+  EXPECT_EQ(pool.unlock(p), 0u) << "a copy is being issued";
+  std::atomic<bool> done{false};
+  pool.end_copy(p, std::make_shared<FakeFence>(&done));
+  EXPECT_EQ(pool.unlock(p), 0u) << "its fence is pending";
+  EXPECT_TRUE(pool.is_locked(p));
+  EXPECT_EQ(pool.stats().busy_unlocks, 2);
+  done = true;
+  EXPECT_EQ(pool.unlock(p), 128 * KiB);
+  EXPECT_FALSE(pool.is_locked(p));
+  EXPECT_EQ(pool.unlock(p), 0u) << "already unlocked";
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.locked_bytes.current, 0);
+  EXPECT_EQ(s.unregistrations, 1);
+  EXPECT_EQ(s.adopted_bytes.current, static_cast<int64_t>(128 * KiB)) << "still adopted";
+  EXPECT_TRUE(pool.begin_copy(p)) << "a copy from pageable memory is staged by the driver";
+  pool.end_copy(p);
+  pool.free(p);
+  pool.trim(0);  // its done fence was still listed: the reap releases it
+  EXPECT_EQ(be.log(), want) << "released without a second unlock";
+  EXPECT_EQ(m.unmaps, 1);
+}
+
+// An unlock() between its lock holds (inside the backend's unlock here) still
+// uses the block: a free meanwhile parks it, a copy may not begin, and the
+// release waits for the next reap.
+TEST(HostPoolAdopt, AFreeWhileItsUnlockRunsParksIt) {
+  auto backend = std::make_unique<LogBackend>();
+  LogBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+  Mapping m(64 * KiB);
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, unmapper(m, be));
+  bool began = true;
+  be.during_unlock = [&] {
+    began = pool.begin_copy(p);
+    pool.free(p);
+  };
+  EXPECT_EQ(pool.unlock(p), 64 * KiB);
+  EXPECT_FALSE(began) << "a copy began while the page-lock was being dropped";
+  EXPECT_EQ(m.unmaps, 0) << "released while its unlock still ran";
+  EXPECT_EQ(pool.snapshot().parked.size(), 1u);
+  pool.trim(0);
+  EXPECT_EQ(m.unmaps, 1);
+  EXPECT_EQ(pool.stats().unregistrations, 1);
+  EXPECT_EQ(pool.stats().copy_refusals, 1);
+}
+
+// A lock the backend refuses leaves the block unlocked (counted); an unlock it
+// refuses at retirement is counted and the block released all the same; a
+// backend that cannot lock is never asked.
+TEST(HostPoolAdopt, RefusedLocksAndUnlocksAreCounted) {
+  auto backend = std::make_unique<LogBackend>();
+  LogBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+  Mapping m(64 * KiB), n(64 * KiB), u(64 * KiB);
+  be.refuse_locks = true;
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, unmapper(m, be));
+  EXPECT_EQ(p, m.data());
+  EXPECT_FALSE(pool.is_locked(p));
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.lock_failures, 1);
+  EXPECT_EQ(s.refusals, 0) << "nothing was refused: the block is served unlocked";
+  EXPECT_EQ(s.locked_bytes.current, 0);
+  EXPECT_EQ(s.registrations, 0);
+  be.refuse_locks = false;
+  void* q = pool.adopt(n.data(), n.size(), /*lock=*/true, unmapper(n, be));
+  void* r = pool.adopt(u.data(), u.size(), /*lock=*/false, unmapper(u, be));
+  EXPECT_FALSE(pool.is_locked(r));
+  be.refuse_unlocks = true;
+  const std::vector<std::string> want = {entry("lock", m), entry("lock", n), entry("release", m),
+                                         entry("unlock", n), entry("release", n), entry("release", u)};
+  pool.free(p);
+  pool.free(q);
+  pool.free(r);
+  EXPECT_EQ(be.log(), want);
+  s = pool.stats();
+  EXPECT_EQ(s.lock_failures, 2);
+  EXPECT_EQ(s.unregistrations, 0);
+  EXPECT_EQ(s.locked_bytes.current, 0) << "forgotten with its lock";
+  EXPECT_EQ(m.unmaps + n.unmaps + u.unmaps, 3);
+
+  HostPool plain(make_cpu_backend(/*use_mlock=*/false), opts());  // can_lock() false
+  Mapping w(64 * KiB);
+  void* x = plain.adopt(w.data(), w.size(), /*lock=*/true, [&] { w.unmap(); });
+  EXPECT_FALSE(plain.is_locked(x));
+  EXPECT_EQ(plain.stats().lock_failures, 0);
+  plain.free(x);
+  EXPECT_EQ(w.unmaps, 1);
+  plain.check_invariants();
+}
+
+// ~HostPool releases every block still adopted, live or parked, each once and
+// after its unlock.
+TEST(HostPoolAdopt, TheDestructorReleasesBlocksStillAdopted) {
+  Mapping m(64 * KiB), n(128 * KiB), k(64 * KiB);
+  std::atomic<bool> pending{false};
+  std::vector<std::string> log;
+  {
+    auto backend = std::make_unique<LogBackend>();
+    LogBackend& be = *backend;
+    HostPool pool(std::move(backend), opts(1 * MiB, 0, 64 * MiB));
+    void* own = pool.allocate(4 * KiB, /*lock=*/false);
+    pool.free(own);
+    pool.adopt(m.data(), m.size(), /*lock=*/true, unmapper(m, be));
+    pool.adopt(n.data(), n.size(), /*lock=*/false, unmapper(n, be));
+    void* parked = pool.adopt(k.data(), k.size(), /*lock=*/true, unmapper(k, be));
+    pool.record_fence(parked, std::make_shared<FakeFence>(&pending));
+    pool.free(parked);
+    pool.check_invariants();
+    EXPECT_EQ(m.unmaps + n.unmaps + k.unmaps, 0);
+    log = be.log();
+    EXPECT_EQ(log.size(), 2u);  // the two locks
+    // The log dies with the backend: the destructor's calls are seen through the unmaps.
+  }
+  EXPECT_EQ(m.unmaps, 1);
+  EXPECT_EQ(n.unmaps, 1);
+  EXPECT_EQ(k.unmaps, 1);
+}
+
+// The destructor's order, seen from outside the pool: a backend that outlives
+// it records the unlock before the release.
+TEST(HostPoolAdopt, TheDestructorUnlocksBeforeItReleases) {
+  Mapping m(64 * KiB);
+  const std::vector<std::string> want = entries({"lock", "unlock", "release"}, m);
+  auto backend = std::make_unique<LogBackend>();
+  LogBackend* be = backend.get();
+  std::vector<std::string> seen;
+  {
+    HostPool pool(std::move(backend), opts());
+    pool.adopt(m.data(), m.size(), /*lock=*/true, [&] {
+      be->note("release", m.data(), m.size());  // the backend is still alive: members die after the body
+      seen = be->log();
+      m.unmap();
+    });
+  }
+  EXPECT_EQ(seen, want);
+}
+
+// Bad input is a pins::ValueError naming the argument and what it got, with
+// nothing changed.
+TEST(HostPoolAdopt, BadInputIsAValueErrorNamingTheArgument) {
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
+  Mapping m(64 * KiB);
+  int released = 0;
+  const auto release = [&] { released++; };
+  const auto expect_error = [&](std::function<void()> call, std::vector<std::string> words) {
+    try {
+      call();
+      ADD_FAILURE() << "no error";
+    } catch (const ValueError& e) {
+      for (const auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { pool.adopt(nullptr, 4096, true, release); }, {"HostPool::adopt", "data must not be null"});
+  expect_error([&] { pool.adopt(m.at(512), 4096, true, release); },
+               {"data must be page-aligned", "page 4096", detail::cat(static_cast<void*>(m.at(512)))});
+  expect_error([&] { pool.adopt(m.data(), 0, true, release); }, {"size must be a positive multiple", "got 0"});
+  expect_error([&] { pool.adopt(m.data(), 4097, true, release); }, {"size", "got 4097"});
+  expect_error([&] { pool.adopt(m.data(), HostPool::kMaxAllocation + 4096, true, release); },
+               {"size", std::to_string(HostPool::kMaxAllocation + 4096)});
+  expect_error([&] { pool.adopt(reinterpret_cast<void*>(~uintptr_t{4095}), 8192, true, release); },
+               {"runs past the end of the address space"});
+  expect_error([&] { pool.adopt(m.data(), 4096, true, nullptr); }, {"release must be a callable"});
+  void* p = pool.adopt(m.at(16 * KiB), 16 * KiB, true, release);
+  expect_error([&] { pool.adopt(m.data(), m.size(), true, release); }, {"overlaps an adopted block"});
+  expect_error([&] { pool.adopt(m.at(28 * KiB), 4096, true, release); }, {"overlaps an adopted block"});
+  void* own = pool.allocate(4 * KiB);  // the null backend's segment
+  expect_error([&] { pool.adopt(own, 4096, true, release); }, {"overlaps a segment"});
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.adopted_blocks.allocated, 1) << "only the good call adopted";
+  EXPECT_EQ(s.registrations, 2);
+  // Neighbours are not overlaps.
+  void* before = pool.adopt(m.data(), 16 * KiB, false, release);
+  void* after = pool.adopt(m.at(32 * KiB), 32 * KiB, false, release);
+  for (void* x : {p, before, after, own}) pool.free(x);
+  EXPECT_EQ(released, 3);
+}
+
+// It stays out of everything that manages own memory: the cap, trim(), the
+// retain limit, prewarm, committed and idle bytes.
+TEST(HostPoolAdopt, StaysOutOfOwnMemory) {
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, /*cap=*/4 * MiB, /*retain=*/0));
+  Mapping m(8 * MiB);
+  int released = 0;
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/false, [&] { released++; });  // twice the cap
+  EXPECT_EQ(pool.stats().committed_bytes.current, 0);
+  void* own = pool.allocate(4 * MiB, false);  // the cap is all the pool's own
+  EXPECT_EQ(pool.prewarm(1 * MiB), 0u) << "past the cap by own memory only";
+  pool.free(own);
+  EXPECT_EQ(pool.prewarm(2 * MiB), 2 * MiB);
+  EXPECT_EQ(pool.idle_bytes(), 2 * MiB);
+  EXPECT_EQ(pool.trim(0), 2 * MiB) << "only the prewarmed memory";
+  EXPECT_EQ(released, 0);
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.committed_bytes.current, 0);
+  EXPECT_EQ(s.reserved_bytes.current, 0);
+  EXPECT_EQ(s.adopted_bytes.current, static_cast<int64_t>(8 * MiB));
+  EXPECT_EQ(s.adopted_bytes.peak, static_cast<int64_t>(8 * MiB));
+  pool.free(p);
+  EXPECT_EQ(released, 1);
+  EXPECT_EQ(pool.idle_bytes(), 0u);
+  EXPECT_EQ(pool.stats().decommits, 2) << "the freed 4 MiB and the trimmed prewarm; nothing adopted";
+  pool.reset_peak();
+  EXPECT_EQ(pool.stats().adopted_bytes.peak, 0);
+}
+
+// The sanitizers' runtimes intercept mlock() and munlock() and do nothing
+// (their shadow memory would make a lock deadly): the calls succeed and VmLck
+// stays 0 there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kMlockIntercepted = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+constexpr bool kMlockIntercepted = true;
+#else
+constexpr bool kMlockIntercepted = false;
+#endif
+#else
+constexpr bool kMlockIntercepted = false;
+#endif
+
+// mlock on a shared mapping: the pages count in VmLck (Linux) while adopted
+// and locked, and leave it on release.
+TEST(HostPoolAdopt, MlockLocksASharedMapping) {
+  CheckedPool pool(make_cpu_backend(/*use_mlock=*/true), opts());
+  Mapping m(1 * MiB);
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, [&] { m.unmap(); });
+  if (!pool.is_locked(p)) {
+    pool.free(p);
+    GTEST_SKIP() << "mlock refused here (RLIMIT_MEMLOCK); cannot test the mlock path";
+  }
+  std::memset(p, 1, m.size());
+#if !defined(_WIN32)
+  const auto vm_lck_kib = [] {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("VmLck:", 0) == 0) return std::stoll(line.substr(6));
+    return -1LL;
+  };
+  const long long held = vm_lck_kib();
+  if (!kMlockIntercepted) EXPECT_GE(held, static_cast<long long>(1 * MiB / KiB));
+#endif
+  pool.free(p);
+  EXPECT_EQ(m.unmaps, 1);
+  EXPECT_EQ(pool.stats().unregistrations, 1);
+#if !defined(_WIN32)
+  if (!kMlockIntercepted) EXPECT_LE(vm_lck_kib(), held - static_cast<long long>(1 * MiB / KiB));
+#endif
+}
+
+TEST(HostPoolAdopt, CudaBackendRegistersASharedMapping) {
+  auto backend = make_cuda_backend();
+  if (!backend) GTEST_SKIP() << "no CUDA device (or pins built without CUDA): cudaHostRegister path not testable";
+  CheckedPool pool(std::move(backend), opts());
+  Mapping m(4 * MiB);
+  void* p = pool.adopt(m.data(), m.size(), /*lock=*/true, [&] { m.unmap(); });
+  EXPECT_TRUE(pool.is_locked(p));
+  EXPECT_EQ(pool.stats().lock_failures, 0);
+  std::memset(p, 1, m.size());
+  pool.free(p);
+  EXPECT_EQ(pool.stats().unregistrations, 1);
+  EXPECT_EQ(pool.stats().lock_failures, 0) << "cudaHostUnregister refused";
+  EXPECT_EQ(m.unmaps, 1);
 }
 
 }  // namespace
