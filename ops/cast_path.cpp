@@ -229,6 +229,8 @@ Request source_request(const at::Tensor& source, int64_t model, Kind kind, bool 
   r.version = part.version;
   r.span = part.span;
   r.op = op;
+  // Note [Shared pins]: the balancer asks whether it lies in a mapped file on a miss only.
+  if (source.is_contiguous()) r.data = source.const_data_ptr();
   return r;
 }
 
@@ -262,6 +264,20 @@ void check_source_readable(const at::Tensor& source) {
 at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like) {
   return at::from_blob(static_cast<char*>(lease.data()) + offset, like.sizes(),
                        like.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+bool fill_shared_pin(const Lease& lease, const at::Tensor& pin, const at::Tensor& source) {
+  if (!lease.shared_fill()) return false;
+  // Note [Shared pins]: the segment is keyed by the file, so it holds the
+  // file's bytes, read from the file whatever the mapping says now. The key
+  // was taken from this source's mapping, which the source keeps alive.
+  const uint64_t n = source.numel() * source.element_size();
+  const bool read = translate([&] {
+    return files::fill_from_file(source.const_data_ptr(), n, pin.mutable_data_ptr(), files::kReadThreads,
+                                 /*file_only=*/true);
+  });
+  TORCH_INTERNAL_ASSERT(read, "a shared pin's source left its mapped file");
+  return true;
 }
 
 void fill_pin(const at::Tensor& pin, const at::Tensor& source) {
@@ -374,8 +390,9 @@ at::Tensor cast_through(Lease& lease, const at::Tensor& source, c10::Device devi
   if (!lease) check_source_readable(source);
   const bool fill = lease && lease.needs_fill();
   const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
-  at::Tensor out = fill ? fill_and_copy(from, source, device, dtype, non_blocking)
-                        : plain_copy(from, device, dtype, non_blocking);
+  const bool fill_here = fill && !fill_shared_pin(lease, from, source);
+  at::Tensor out = fill_here ? fill_and_copy(from, source, device, dtype, non_blocking)
+                             : plain_copy(from, device, dtype, non_blocking);
   if (fill) lease.filled();
   if (lease) fence(lease, out.device(), non_blocking);
   return out;
@@ -385,16 +402,17 @@ void cast_through_into(Lease& lease, const at::Tensor& source, const at::Tensor&
   if (!lease) check_source_readable(source);
   const bool fill = lease && lease.needs_fill();
   const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
+  const bool fill_here = fill && !fill_shared_pin(lease, from, source);
   if (from.scalar_type() == out.scalar_type() || out.device().is_cpu()) {
     // One pass; on the CPU the copy converts as it goes.
-    if (fill) {
+    if (fill_here) {
       fill_and_copy_into(from, source, out, non_blocking);
     } else {
       out.copy_(from, non_blocking);
     }
   } else {
     // As cast_through: the copy in the source's dtype, then the conversion on the device.
-    out.copy_(fill ? fill_and_copy(from, source, out.device(), std::nullopt, non_blocking)
+    out.copy_(fill_here ? fill_and_copy(from, source, out.device(), std::nullopt, non_blocking)
                    : plain_copy(from, out.device(), std::nullopt, non_blocking));
   }
   if (fill) lease.filled();

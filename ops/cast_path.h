@@ -69,6 +69,9 @@ at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like)
 // mapped from, where Note [File-backed pins] (csrc/files/mapped.h) allows it,
 // else copied from memory. A read error is a c10::Error naming the file.
 void fill_pin(const at::Tensor& pin, const at::Tensor& source);
+// Note [Shared pins]: fills `pin` from the file when the lease's pin is
+// shared (Lease::shared_fill) and returns true; false, nothing done, otherwise.
+bool fill_shared_pin(const Lease& lease, const at::Tensor& pin, const at::Tensor& source);
 
 // Note [Chunked fill]
 // A miss fills its new pin from the source and copies the pin to the result.

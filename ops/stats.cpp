@@ -188,6 +188,22 @@ c10::Dict<std::string, int64_t> stats_kernel() {
     d.insert("file_fills_written", static_cast<int64_t>(fs.written));
     d.insert("mapped_files", static_cast<int64_t>(fs.mapped_files));
     d.insert("file_changes", static_cast<int64_t>(fs.changes));
+    // Note [Shared pins] (csrc/share/host_share.h): present with share:true.
+    if (share::HostShare* sh = rt.share()) {
+      const share::ShareStats ss = sh->stats();
+      d.insert("share_joins", static_cast<int64_t>(ss.joins));
+      d.insert("share_fills", static_cast<int64_t>(ss.fills));
+      d.insert("share_published", static_cast<int64_t>(ss.published));
+      d.insert("share_waits", static_cast<int64_t>(ss.waits));
+      d.insert("share_busy", static_cast<int64_t>(ss.busy));
+      d.insert("share_refused", static_cast<int64_t>(ss.refused));
+      d.insert("share_errors", static_cast<int64_t>(ss.errors));
+      d.insert("share_torn", static_cast<int64_t>(ss.torn));
+      d.insert("share_dead_slots", static_cast<int64_t>(ss.dead_slots));
+      d.insert("share_entries", static_cast<int64_t>(ss.entries));
+      d.insert("share_bytes", static_cast<int64_t>(ss.bytes));
+      d.insert("share_processes", static_cast<int64_t>(ss.processes));
+    }
     return d;
   });
 }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "csrc/balancer/balancer.h"
+#include "csrc/files/mapped.h"
 
 namespace pins {
 
@@ -19,9 +20,9 @@ Lease Balancer::acquire(const Request& r, const MakeGuard& make_guard) {
   }
   free_blocks(stale);  // stale pins dropped by either lookup, dead ones by the reclaim step
   if (found.served) return std::move(found.lease);
-  void* block = admit(r, found.target, found.settled_at_read);
-  if (block == nullptr) return {};
-  return create(r, found.target, found.reuse_gap, block, make_guard ? make_guard(found.content_check) : nullptr);
+  const Admitted admitted = admit(r, found.target, found.settled_at_read);
+  if (admitted.block == nullptr) return {};
+  return create(r, found.target, found.reuse_gap, admitted, make_guard ? make_guard(found.content_check) : nullptr);
 }
 
 Balancer::Lookup Balancer::lookup(const Request& r, std::vector<void*>& stale, bool again) {
@@ -90,27 +91,56 @@ Balancer::Lookup Balancer::look_again(const Request& r, Lookup stale_hit, Source
   return out;
 }
 
-void* Balancer::admit(const Request& r, Subset target, uint64_t settled_at_read) {
+share::Grant Balancer::share_grant(const Request& r) {
+  share::Key key;
+  if (share_ == nullptr || r.data == nullptr || !r.parts.empty() || !files::share_key_of(r.data, r.bytes, key))
+    return {};
+  return share_->acquire(key);
+}
+
+void* Balancer::adopt(const share::Grant& g, bool lock) {
+  const size_t page = pool_.backend().page_size();
+  const size_t size = static_cast<size_t>((g.length + page - 1) / page * page);
+  // Runs once no copy reads the block (Note [Adopted blocks], csrc/pool/pool.h).
+  auto release = [share = share_, entry = g.entry, gen = g.generation, data = g.data, length = g.length] {
+    share->release(entry, gen, data, length);
+  };
+  return pool_.adopt(g.data, size, lock, std::move(release));
+}
+
+Balancer::Admitted Balancer::admit(const Request& r, Subset target, uint64_t settled_at_read) {
+  Admitted out;
+  // Note [Shared pins]: a segment another process filled adds no RAM: it
+  // takes no budget, only the page-lock's room.
+  out.grant = share_grant(r);
   // One reading of system memory serves both checks: freeing changes what is
   // available, not the total and swap the ceiling depends on.
   MemoryInfo mi = gate_.memory();
-  void* block = nullptr;
+  const auto lock_for = [&] { return !pool_.backend().can_lock() || ensure_lock_room(r.bytes, mi); };
+  if (out.grant.kind == share::Grant::Kind::Ready) {
+    out.block = adopt(out.grant, lock_for());
+    return out;
+  }
   const bool budget = ensure_budget(r.bytes, Asker{r.model, target}, mi, settled_at_read);  // reserves r.bytes
   if (budget) {
-    const bool lock = !pool_.backend().can_lock() || ensure_lock_room(r.bytes, mi);
-    block = pool_.try_allocate(r.bytes, lock);
+    const bool lock = lock_for();
+    out.block = out.grant ? adopt(out.grant, lock) : pool_.try_allocate(r.bytes, lock);
     gate_.keep_warm(gate_.memory(), config().headroom);  // what the reuse above left idle
-    gate_.settle(r.bytes, block != nullptr);  // Note [Budget reservation]: the pool accounts for the block now
+    gate_.settle(r.bytes, out.block != nullptr);  // Note [Budget reservation]: the pool accounts for the block now
+  } else if (out.grant) {
+    share_->release(out.grant.entry, out.grant.generation, out.grant.data, out.grant.length);  // never filled
+    out.grant = {};
   }
-  if (block == nullptr) {
+  if (out.block == nullptr) {
     MutexLock g(mu_);
     table_.bypass(r.model, budget ? Bypass::Pool : Bypass::Refused);
   }
-  return block;
+  return out;
 }
 
-Lease Balancer::create(const Request& r, Subset target, uint64_t reuse_gap, void* block,
+Lease Balancer::create(const Request& r, Subset target, uint64_t reuse_gap, const Admitted& admitted,
                        std::unique_ptr<SourceGuard> guard) {
+  void* const block = admitted.block;
   Lease l;
   {
     MutexLock g(mu_);
@@ -125,8 +155,17 @@ Lease Balancer::create(const Request& r, Subset target, uint64_t reuse_gap, void
       // Note [Copies from a block]: the block's extent is losing its page-lock.
       table_.bypass(r.model, Bypass::Unlocking);
     } else {
-      l = Lease(this, table_.create(*m, r, target, block, reuse_gap, std::move(guard)), /*hit=*/false,
-                /*fill=*/true);
+      Pin* p = table_.create(*m, r, target, block, reuse_gap, std::move(guard));
+      // Note [Shared pins]: a Ready segment holds its bytes already.
+      const bool ready = admitted.grant.kind == share::Grant::Kind::Ready;
+      if (admitted.grant) {
+        p->shared = true;
+        p->share_publish = !ready;
+        p->share_entry = admitted.grant.entry;
+        p->share_generation = admitted.grant.generation;
+      }
+      if (ready) p->state = PinState::Live;
+      l = Lease(this, p, /*hit=*/false, /*fill=*/!ready);
     }
   }
   if (!l) pool_.free(block);
@@ -134,8 +173,20 @@ Lease Balancer::create(const Request& r, Subset target, uint64_t reuse_gap, void
 }
 
 void Balancer::mark_filled(Pin* p) {
-  MutexLock g(mu_);
-  if (p->state == PinState::Filling) p->state = PinState::Live;
+  share::Grant publish;
+  {
+    MutexLock g(mu_);
+    if (p->state == PinState::Filling) p->state = PinState::Live;
+    if (p->share_publish) {
+      publish.kind = share::Grant::Kind::Write;
+      publish.entry = p->share_entry;
+      publish.generation = p->share_generation;
+      p->share_publish = false;
+    }
+  }
+  // Note [Shared pins]: after the fill, every process may map it. The lease
+  // holds the pin (and its block), so the segment is not released meanwhile.
+  if (publish) share_->publish(publish);
 }
 
 void Balancer::release(Pin* p) {

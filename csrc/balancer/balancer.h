@@ -41,6 +41,7 @@
 #include "csrc/base/thread_safety.h"
 #include "csrc/config/config.h"
 #include "csrc/pool/pool.h"
+#include "csrc/share/host_share.h"
 #include "csrc/system/sysmem.h"
 
 namespace pins {
@@ -69,6 +70,10 @@ class Lease {
   // The pin was just created: the caller must write the source into data() and
   // then call filled(). A lease dropped before filled() drops the pin.
   bool needs_fill() const { return fill_; }
+  // Note [Shared pins]: the fill goes to a shared segment, keyed by the file:
+  // it must read the file (files::fill_from_file with file_only), never the
+  // source's memory.
+  bool shared_fill() const { return fill_ && pin_->share_publish; }
   void filled();
 
  private:
@@ -95,6 +100,9 @@ class Balancer {
 
   // Policy, fast-disk and budget constants; pool settings stay as built.
   void configure(const Config& config) PINS_EXCLUDES(mu_);
+  // Note [Shared pins]: new pins of file-backed sources go through `share`
+  // (null: none shared). Set once, before the first cast.
+  void set_share(std::shared_ptr<share::HostShare> share) { share_ = std::move(share); }
   Config config() const PINS_EXCLUDES(mu_);
 
   // ---- models
@@ -228,13 +236,22 @@ class Balancer {
   // Makes room for a new pin of `r` in `target` within the budget and the
   // registration ceiling and allocates its block; nullptr (the bypass counted)
   // when the budget or the pool refuses.
-  void* admit(const Request& r, Subset target, uint64_t settled_at_read) PINS_EXCLUDES(mu_);
+  struct Admitted {
+    void* block = nullptr;
+    share::Grant grant;  // Note [Shared pins]: the block maps this grant's segment
+  };
+  Admitted admit(const Request& r, Subset target, uint64_t settled_at_read) PINS_EXCLUDES(mu_);
+  // Note [Shared pins]: the shared pin of r's source, when sharing is on and
+  // the source may be shared; Kind::None otherwise.
+  share::Grant share_grant(const Request& r);
+  // The pool block over a grant's mapping, released into the share.
+  void* adopt(const share::Grant& g, bool lock);
   // Links a new pin over `block` and leases it for its fill; an empty lease
   // (the block freed, the bypass counted) when the model was forgotten, the
   // source pinned by another thread meanwhile, or the block's extent is
   // losing its page-lock.
-  Lease create(const Request& r, Subset target, uint64_t reuse_gap, void* block, std::unique_ptr<SourceGuard> guard)
-      PINS_EXCLUDES(mu_);
+  Lease create(const Request& r, Subset target, uint64_t reuse_gap, const Admitted& admitted,
+               std::unique_ptr<SourceGuard> guard) PINS_EXCLUDES(mu_);
   void release(Pin* pin) PINS_EXCLUDES(mu_);
   void mark_filled(Pin* pin) PINS_EXCLUDES(mu_);
 
@@ -255,6 +272,7 @@ class Balancer {
   uint64_t prewarm_want_locked() const PINS_REQUIRES(mu_);
 
   HostPool& pool_;   // must outlive the balancer
+  std::shared_ptr<share::HostShare> share_;  // Note [Shared pins]; null when not shared
   BudgetGate gate_;  // its own leaf lock
 
   mutable Mutex mu_;

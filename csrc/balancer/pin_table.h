@@ -48,6 +48,9 @@ struct Request {
   std::optional<int64_t> signature;    // patch set (patches) or content signature (weights)
   std::optional<uint64_t> version;     // the source's version counter now; none without one
   uint64_t span = 0;                   // bytes of its storage the source reaches (0: key.nbytes)
+  // A contiguous single source's first byte, whose pin may be shared (Note
+  // [Shared pins]) when it lies in a mapped file; null otherwise.
+  const void* data = nullptr;
   std::vector<SourcePart> parts;       // a gathered pin: every source in order; empty for one
   const char* op = "cast_to_device";   // names the caller in the error for a model not registered
 };

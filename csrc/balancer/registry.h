@@ -145,6 +145,12 @@ struct Pin {
   bool trace_indexed = false;
   uint64_t trace_cls = 0, trace_value = 0;
   size_t ring = SIZE_MAX;                 // its slot in the reclaim ring while linked (Note [Dead source reclaim])
+  // Note [Shared pins]: the block maps a shared segment (adopted by the pool).
+  // `share_publish`: this process fills it, and publishes it when filled.
+  bool shared = false;
+  bool share_publish = false;
+  uint32_t share_entry = 0;
+  uint64_t share_generation = 0;
 };
 
 // Per model and subset counters; levels are `pins` and `bytes`, the rest COUNT/SUM.

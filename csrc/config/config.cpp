@@ -172,6 +172,11 @@ const std::map<std::string, Setter>& setters() {
       PINS_CHECK_VALUE(!v.empty(), "PINS_CONF key 'system_root' must name a directory, got ''");
       c.system_root = std::string(v);
     };
+    s["share"] = boolean(&Config::share);
+    s["share_dir"] = [](Config& c, std::string_view v, std::string_view) {
+      PINS_CHECK_VALUE(!v.empty(), "PINS_CONF key 'share_dir' must name a directory, got ''");
+      c.share_dir = std::string(v);
+    };
     return s;
   }();
   return m;
@@ -191,6 +196,7 @@ void check_config(const Config& c) {
     PINS_CHECK_VALUE(f >= 0.0 && f <= 1.0, "PINS_CONF key '", key, "' expects a fraction from 0 to 1, got '",
                      fraction_text(f), "'");
   PINS_CHECK_VALUE(!c.system_root.empty(), "PINS_CONF key 'system_root' must name a directory, got ''");
+  PINS_CHECK_VALUE(!c.share_dir.empty(), "PINS_CONF key 'share_dir' must name a directory, got ''");
   PINS_CHECK_VALUE(c.ceiling_min <= c.ceiling_max, "PINS_CONF key 'ceiling_min' (", fraction_text(c.ceiling_min),
                    ") must not exceed key 'ceiling_max' (", fraction_text(c.ceiling_max), ")");
   PINS_CHECK_VALUE(c.extent_min <= c.segment_size, "PINS_CONF key 'extent_min' (", size_text(c.extent_min),
@@ -249,6 +255,8 @@ std::string format_config(const Config& c) {
   v["monitor_interval_ms"] = std::to_string(c.monitor_interval_ms);
   v["memory_max_age_us"] = std::to_string(c.memory_max_age_us);
   v["system_root"] = c.system_root;
+  v["share"] = c.share ? "true" : "false";
+  v["share_dir"] = c.share_dir;
   std::string out;
   for (const std::string& k : config_keys()) out += detail::cat(out.empty() ? "" : ",", k, ":", v.at(k));
   return out;

@@ -77,6 +77,8 @@ struct Config {
   bool prewarm = true;                 // Note [Prewarm] (csrc/balancer/prewarm.h): commit pool memory ahead of a prompt
   uint64_t memory_max_age_us = 5000;   // Note [Memory readings]: how long a reading of system memory stands
   std::string system_root = "/";       // where /proc and /sys are read (tests use fixtures); Linux only
+  bool share = false;                  // Note [Shared pins] (csrc/share/host_share.h): file pins shared by the host
+  std::string share_dir = "/dev/shm";  // where the shared pins' directory, pins-<uid>, is made
 
   friend bool operator==(const Config&, const Config&) = default;
 };

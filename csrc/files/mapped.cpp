@@ -33,6 +33,7 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   FileStamp stamp;
   f->file_ = open_regular(path, stamp);
   f->size_ = stamp.size;
+  f->stamp_ = stamp;
   f->watch_ = std::make_shared<FileWatch>(duplicate(f->file_, path), stamp);
   if (f->size_ > 0) f->base_ = map_file(f->file_, f->size_, path);
   f->direct_ = open_direct(f->file_);
@@ -134,10 +135,20 @@ void count_file_fill(uint64_t bytes, bool direct, bool cached) {
 
 void count_written_fallback() { g_written.fetch_add(1, std::memory_order_relaxed); }
 
-bool fill_from_file(const void* p, uint64_t n, void* dst, int threads) {
+bool share_key_of(const void* p, uint64_t n, share::Key& out) {
+  if (n == 0 || !any_mapped()) return false;
   FileRange where;
   if (!find_mapped(p, n, where)) return false;
-  if (!pages_unwritten(p, n)) {
+  if (where.file->watch()->changes(/*look=*/false) != 0 || !pages_unwritten(p, n)) return false;
+  const FileStamp& st = where.file->stamp();
+  out = share::Key{st.dev, st.ino, st.size, st.mtime_ns, st.ctime_ns, where.offset, n};
+  return true;
+}
+
+bool fill_from_file(const void* p, uint64_t n, void* dst, int threads, bool file_only) {
+  FileRange where;
+  if (!find_mapped(p, n, where)) return false;
+  if (!file_only && !pages_unwritten(p, n)) {
     count_written_fallback();
     return false;
   }

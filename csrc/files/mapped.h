@@ -50,6 +50,7 @@
 #include <string>
 
 #include "csrc/files/read.h"
+#include "csrc/share/host_share.h"
 
 namespace pins::files {
 
@@ -95,6 +96,8 @@ class MappedFile {
   FileHandle direct() const { return direct_; }  // kNoFile where the filesystem refuses direct reads
   // Note [Changed files].
   const std::shared_ptr<FileWatch>& watch() const { return watch_; }
+  // The file as it was when mapped: its identity keys shared pins (Note [Shared pins]).
+  const FileStamp& stamp() const { return stamp_; }
 
  private:
   // Counted in file_fill_stats().mapped_files from here to the destructor, so
@@ -105,6 +108,7 @@ class MappedFile {
   FileHandle direct_ = kNoFile;
   void* base_ = nullptr;
   uint64_t size_ = 0;
+  FileStamp stamp_;
   std::shared_ptr<FileWatch> watch_;
 };
 
@@ -151,6 +155,14 @@ void count_written_fallback();
 // Fills dst (n bytes) with [p, p + n) from its file when Note [File-backed
 // pins] allows it; false (nothing written, the fall back counted where it
 // applies) when the range is not in a registered mapping or was written.
-bool fill_from_file(const void* p, uint64_t n, void* dst, int threads = kReadThreads);
+// `file_only`: read the file even where the range was written through its
+// mapping (a shared pin holds the file's bytes: Note [Shared pins]).
+bool fill_from_file(const void* p, uint64_t n, void* dst, int threads = kReadThreads, bool file_only = false);
+
+// Note [Shared pins] (csrc/share/host_share.h): the key of [p, p + n) when a pin
+// of it may be shared: it lies in a registered mapping, no page of it was
+// written through the mapping, and the file was not seen changed since it was
+// mapped (Note [Changed files]). False otherwise.
+bool share_key_of(const void* p, uint64_t n, share::Key& out);
 
 }  // namespace pins::files

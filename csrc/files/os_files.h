@@ -24,6 +24,10 @@ struct FileStamp {
   uint64_t size = 0;
   int64_t mtime_ns = 0;
   int64_t ctime_ns = 0;
+  // The file's identity (Note [Shared pins], csrc/share/host_share.h): the
+  // device and inode on Linux; 0 on Windows, which does not share.
+  uint64_t dev = 0;
+  uint64_t ino = 0;
   bool operator==(const FileStamp&) const = default;
 };
 

@@ -23,7 +23,8 @@ int fd_of(FileHandle file) { return static_cast<int>(file); }
 int64_t ns(const struct timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec; }
 
 FileStamp stamp_from(const struct stat& st) {
-  return FileStamp{static_cast<uint64_t>(st.st_size), ns(st.st_mtim), ns(st.st_ctim)};
+  return FileStamp{static_cast<uint64_t>(st.st_size), ns(st.st_mtim), ns(st.st_ctim), static_cast<uint64_t>(st.st_dev),
+                   static_cast<uint64_t>(st.st_ino)};
 }
 
 // What a file that is not a regular one is, for the error refusing it.

@@ -80,6 +80,7 @@ Runtime::Runtime(const SourcedConfig& sc)
       sources_(sc.sources),
       derived_(sc.derived),
       headroom_(sc.config.headroom),
+      share_(sc.config.share ? share::HostShare::attach(share::ShareOptions{sc.config.share_dir}) : nullptr),
       pool_(make_backend(sc.config.backend, sc.config.mlock), pool_options(sc.config)),
       probe_(std::make_unique<SystemMemoryProbe>(sc.config.system_root,
                                                  static_cast<int64_t>(sc.config.memory_max_age_us) * 1000)),
@@ -88,6 +89,7 @@ Runtime::Runtime(const SourcedConfig& sc)
       prewarmer_(sc.config.prewarm ? start_prewarmer() : nullptr) {
   // Note [Fork safety]: handlers registered once, before the first Runtime is
   // listed; they find every Runtime through the list.
+  balancer_->set_share(share_);
   static const int registered = at_fork(&Runtime::prepare_fork, &Runtime::after_fork, &Runtime::after_fork);
   if (registered != 0) throw ResourceError(detail::cat("Runtime: pthread_atfork failed: ", std::strerror(registered)));
   LiveRuntimes& l = live_runtimes();
@@ -164,6 +166,8 @@ void Runtime::configure(std::string_view conf) {
     fixed(next.retain_free == config_.retain_free, "retain_free");
     fixed(next.mlock == config_.mlock, "mlock");
     fixed(next.system_root == config_.system_root, "system_root");
+    fixed(next.share == config_.share, "share");
+    fixed(next.share_dir == config_.share_dir, "share_dir");
     // A monitor inherited through fork() is replaced whatever the text says
     // (Note [Fork safety]): the child starts its own when next.monitor asks.
     const bool inherited = monitor_ != nullptr && monitor_->inherited();

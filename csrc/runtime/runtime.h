@@ -32,7 +32,9 @@
 //    there until the child's next configure() starts its own.
 //  - The pool's memory is copied on write; its page-locks are the parent's
 //    (mlock is not inherited; a CUDA registration belongs to the parent's CUDA
-//    context, which a child must not use, as CUDA itself requires).
+//    context, which a child must not use, as CUDA itself requires). Adopted
+//    blocks (Note [Adopted blocks] in csrc/pool/pool.h) are shared mappings,
+//    not copies: a free of one in the child runs its owner's release there.
 // Windows has no fork(): there nothing is registered and none of this arises
 // (csrc/system/process.h).
 #pragma once
@@ -48,6 +50,7 @@
 
 #include "csrc/balancer/balancer.h"
 #include "csrc/balancer/prewarm.h"
+#include "csrc/share/host_share.h"
 #include "csrc/base/thread_safety.h"
 #include "csrc/pool/pool.h"
 #include "csrc/config/config.h"
@@ -92,6 +95,8 @@ class Runtime {
   // The parts live as long as the Runtime (for get(): the whole process).
   Balancer& balancer() { return *balancer_; }
   HostPool& pool() { return pool_; }
+  // Note [Shared pins]: the host index this process shares through; null with share:false.
+  share::HostShare* share() const { return share_.get(); }
   MemoryProbe& probe() { return *probe_; }
 
   // Applies `conf` (PINS_CONF syntax) on top of the current configuration. The
@@ -163,6 +168,9 @@ class Runtime {
   // Declared in build order; destroyed in reverse: the balancer frees into the
   // pool and reads the probe, so both outlive it; the monitor calls the
   // balancer and reads the probe, so it goes first.
+  // Note [Shared pins]: attached when config_.share; before the pool, whose
+  // adopted blocks release into it (they hold it too).
+  const std::shared_ptr<share::HostShare> share_;
   HostPool pool_;
   const std::unique_ptr<SystemMemoryProbe> probe_;
   const std::unique_ptr<Balancer> balancer_;
