@@ -97,6 +97,36 @@ each hook does:
   ``pins.invalidate`` on the written tensor afterwards. Writes no hook sees are
   left to the content check on a hit, if configured, and to ``pins.invalidate``.
 - RAM pressure: ``free_memory``, ``free_pins``, ``ensure_pin_registerable``.
+- Loading (``enable(load_files=False)`` leaves it to ComfyUI):
+  ``comfy.utils.load_torch_file``, which reads every checkpoint, UNet, CLIP,
+  VAE, LoRA, ControlNet and upscale model file ComfyUI loads (under dynamic
+  VRAM it reads safetensors with ``comfy.utils.load_safetensors``, called only
+  from there, so one hook covers both modes), and the copies of it that
+  ``comfy.clip_vision`` and ``comfy.bg_removal_model`` took by name at import.
+  A safetensors file (``.safetensors`` or ``.sft``, ComfyUI's test) loaded to
+  the CPU is read with ``pins.load_file``: CPU tensors over a private mapping
+  pins knows, so a pin of one is filled from the file (O_DIRECT), not through
+  a second copy in the page cache. Under dynamic VRAM ComfyUI assigns them to
+  the model as its weights; the old loader copies them into the model's own
+  (then only what it keeps as loaded, LoRA factors, is filled from the file).
+  The result is ComfyUI's: the same keys in its order (safe_open's sorted keys,
+  the header's under dynamic VRAM), dtypes, shapes and values, and with
+  ``return_metadata`` the header's ``__metadata__`` (read here: an 8-byte
+  little-endian length, then JSON), None without one (``{}`` under dynamic
+  VRAM, as there). ComfyUI's own loader reads the rest, counted under
+  ``load_fallback.<reason>``: other files (``torch.load``, where ``safe_load``
+  and ``--mmap-torch-files`` act), another ``device``, ``--disable-mmap`` on
+  the old loader, a file ``pins.load_file`` refuses (a dtype without a torch
+  type, malformed, unreadable) and, under dynamic VRAM, one with a dtype
+  ``load_safetensors`` has no type for (``comfy.utils._TYPES``): the user gets
+  ComfyUI's result or its error.
+  Not reached: code that took ``load_torch_file`` by name before :func:`enable`
+  (a custom node's ``from comfy.utils import load_torch_file``) and direct
+  ``safetensors`` calls (text-encoder embeddings, latents). Under dynamic VRAM
+  these tensors carry no comfy-aimdo file slice: what ComfyUI casts from them
+  itself (lowvram LoRA patches, modules pins does not serve) is copied through
+  the mapping rather than read from the file, and the mapping is not bounced
+  at a node's end.
 
 Errors from pins in a cast are not ComfyUI's: the cast falls back to the
 original, the error is counted (``errors``) and logged once per message.
@@ -106,8 +136,10 @@ import functools
 import importlib
 import importlib.abc
 import inspect
+import json
 import logging
 import os
+import struct
 import sys
 import threading
 import weakref
@@ -229,7 +261,7 @@ def _env_off() -> bool:
 
 
 def enable(*, cpu_targets: bool = False, fast_disk: bool = False, gather: bool = True, patches: bool = True,
-           ram_headroom: int = 4 << 30) -> Hooks:
+           load_files: bool = True, ram_headroom: int = 4 << 30) -> Hooks:
     """Installs the hooks of Note [ComfyUI hook points] into the ComfyUI that is
     importable (``comfy.*``; ``execution`` when ComfyUI imports it) and returns
     them as :class:`Hooks`, true when pins serves casts. ``PINS_COMFY=0`` returns
@@ -244,6 +276,8 @@ def enable(*, cpu_targets: bool = False, fast_disk: bool = False, gather: bool =
     - ``fast_disk``: register models with no ``-loaded`` pins (disk reads are cheap).
     - ``gather``: weight and bias of a module in one pin and one transfer.
     - ``patches``: route LoRA factors of lowvram patches through pins.
+    - ``load_files``: ComfyUI's ``load_torch_file`` reads safetensors files
+      with ``pins.load_file`` (Note [ComfyUI hook points]).
     - ``ram_headroom``: bytes of available RAM ``free_memory`` keeps free after
       ComfyUI unloaded models from an accelerator into RAM.
 
@@ -264,7 +298,7 @@ def enable(*, cpu_targets: bool = False, fast_disk: bool = False, gather: bool =
         if ram_headroom < 0:
             raise ValueError(f"ram_headroom must be >= 0, got {ram_headroom}")
         state = _Integration(dict(cpu_targets=cpu_targets, fast_disk=fast_disk, gather=gather,
-                                  patches=patches, ram_headroom=int(ram_headroom)))
+                                  patches=patches, load_files=load_files, ram_headroom=int(ram_headroom)))
         memory = sys.modules.get("comfy.memory_management")
         state.mode = "dynamic-vram" if getattr(memory, "aimdo_enabled", False) else "old-loader"
         _state = state
@@ -321,7 +355,9 @@ def stats() -> Dict[str, Any]:
     """The integration's own counters: ``casts`` (served through pins by
     ``cast_bias_weight``), ``vbar_casts`` (by ``cast_to_gathered``),
     ``fallback.<reason>``, ``patch_casts``, ``declined_pins``, ``invalidations``
-    and ``invalidated_bytes``, ``ram_freed_bytes``, ``errors``, ``models``; and
+    and ``invalidated_bytes``, ``ram_freed_bytes``, ``errors``, ``models``,
+    ``loaded_files`` (read by ``pins.load_file`` for ``load_torch_file``) and
+    ``load_fallback.<reason>`` (read by ComfyUI's loader); and
     ``mode``, ``hooks``, ``missing``, ``failed``, ``awaited``. The cache's
     counters are in ``pins.stats()``."""
     state = _state
@@ -379,11 +415,16 @@ def _hook_points(options: Dict[str, Any]) -> List[Tuple[str, str, str, Callable[
     ]
     if options["patches"]:
         points.append(("comfy.model_management", "", "cast_to_device", _wrap_patch_cast, "cast"))
+    if options["load_files"]:
+        # comfy.utils' own, and the modules that took it by name at their import
+        # (``from .utils import load_torch_file``).
+        points += [(module, "", "load_torch_file", _wrap_load_torch_file, "load")
+                   for module in ("comfy.utils", "comfy.clip_vision", "comfy.bg_removal_model")]
     return points
 
 
 # Modules whose absence is a fact of the ComfyUI release, not worth a warning.
-_OPTIONAL_MODULES = {"comfy.pinned_memory"}
+_OPTIONAL_MODULES = {"comfy.pinned_memory", "comfy.clip_vision", "comfy.bg_removal_model"}
 # Modules never imported from here: ComfyUI imports them, and their hooks wait.
 _AWAITED_MODULES = {"execution"}
 
@@ -435,6 +476,9 @@ def _install_all(state: _Integration) -> None:
         if original is None:
             state.missing.append(name)
             continue
+        # A module that took a hooked function by name after it was hooked holds
+        # our wrapper: wrap (and later restore) ComfyUI's own.
+        original = getattr(original, "_pins_wraps", original)
         state.hooks[name] = _Hook(owner, attr, original, attr in vars(owner))
         setattr(owner, attr, make(original))
     state.awaited = {m for m in state.awaited if m not in sys.modules}
@@ -1322,3 +1366,77 @@ def _wrap_cast_to_gathered(original):
             state.count(f"fallback.{why}")
         return original(tensors, r, non_blocking=non_blocking, stream=stream, r2=r2)
     return cast_to_gathered
+
+
+# --- safetensors loading (Note [ComfyUI hook points]) ----------------------------
+
+def _safetensors_header(path: str) -> Dict[str, Any]:
+    """The JSON header of a safetensors file: an 8-byte little-endian length, then
+    that many bytes of JSON (pins.load_file has checked the file already)."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length))
+
+
+def _load_file(state: _Integration, path: Any, device: Any, return_metadata: bool) -> Any:
+    """What ComfyUI's load_torch_file(path, device=device, return_metadata=...)
+    returns, over pins' mapping of the file; a string says why ComfyUI's own
+    loader reads it instead. comfy.utils' switches are read at each call, as
+    ComfyUI reads them."""
+    if not isinstance(path, str) or not path.lower().endswith((".safetensors", ".sft")):
+        return "not-safetensors"  # torch.load: safe_load and --mmap-torch-files are ComfyUI's
+    if device is not None and not (isinstance(device, torch.device) and device.type == "cpu"):
+        return "device"
+    utils = sys.modules.get("comfy.utils")
+    # ComfyUI under dynamic VRAM reads safetensors with its load_safetensors
+    # (comfy-aimdo's mapping), the old loader with safetensors' safe_open.
+    aimdo = hasattr(utils, "load_safetensors") and \
+        bool(getattr(sys.modules.get("comfy.memory_management"), "aimdo_enabled", False))
+    if not aimdo and getattr(utils, "DISABLE_MMAP", False):
+        return "disable-mmap"  # --disable-mmap: safe_open's tensors copied out of the mapping
+    try:
+        sd = pins.load_file(path)
+        header = _safetensors_header(path) if aimdo or return_metadata else {}
+    except Exception as e:  # noqa: BLE001  (refused, unreadable: ComfyUI's loader, and its error, decide)
+        state.log_once(logging.INFO, f"torch_pins.comfy: pins cannot load {path} ({type(e).__name__}: {e}); "
+                                     f"ComfyUI's loader reads it")
+        return "refused"
+    known = getattr(utils, "_TYPES", None) if aimdo else None
+    if isinstance(known, dict) and any(isinstance(v, dict) and v.get("dtype") not in known
+                                       for k, v in header.items() if k != "__metadata__"):
+        return "dtype"  # a dtype load_safetensors has no torch type for: its error
+    # The order ComfyUI's dict has: the header's under dynamic VRAM, safe_open's
+    # keys() (sorted) otherwise.
+    order = [k for k in header if k != "__metadata__"] if aimdo else sorted(sd)
+    if len(order) != len(sd) or any(k not in sd for k in order):
+        return "changed"  # the file was replaced between the two reads
+    out = {k: sd[k] for k in order}
+    if not return_metadata:
+        return out
+    # safe_open's metadata() is None without a __metadata__ entry, load_safetensors' {}.
+    return out, header.get("__metadata__", {} if aimdo else None)
+
+
+def _wrap_load_torch_file(original):
+    signature = inspect.signature(original)
+    path_param = next(iter(signature.parameters))
+
+    @functools.wraps(original)
+    def load_torch_file(*args, **kwargs):
+        state = _state
+        if state is None:
+            return original(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            loaded = "arguments"  # ComfyUI's own raises what it raises
+        else:
+            loaded = _load_file(state, bound.get(path_param), bound.get("device"),
+                                bool(bound.get("return_metadata", False)))
+        if isinstance(loaded, str):
+            state.count(f"load_fallback.{loaded}")
+            return original(*args, **kwargs)
+        state.count("loaded_files")
+        return loaded
+    load_torch_file._pins_wraps = original
+    return load_torch_file

@@ -358,6 +358,9 @@ def test_lowvram_lora_patches_follow_their_signature(comfyui, integration, tmp_p
     # every prompt: pinned once, served from then on, across the LoRA swaps.
     weight_misses = _delta(served.steps, "weights.misses")
     assert weight_misses == [4] + [0] * (len(graphs) * STEPS - 1), weight_misses
+    # The LoRA files were read through pins.load_file: each factor's pin is filled
+    # from its file; the old loader copied the weights into the model's own.
+    assert _delta(served.steps, "file_fills") == patch_misses
 
 
 def test_disabled_is_plain_comfyui_bit_for_bit(comfyui, integration, tmp_path):
@@ -365,14 +368,14 @@ def test_disabled_is_plain_comfyui_bit_for_bit(comfyui, integration, tmp_path):
     lora = _write_lora(tmp_path / "a.safetensors", 12)
     graphs = [_graph(weights, 1), _graph(weights, 2, lora, 0.8, lowvram=True)]
     originals = (comfyui.ops.cast_bias_weight, comfyui.mm.cast_to_device, comfyui.mm.load_models_gpu,
-                 comfyui.utils.copy_to_param, comfyui.execution.execute)
+                 comfyui.utils.copy_to_param, comfyui.utils.load_torch_file, comfyui.execution.execute)
     plain = _run(comfyui, graphs).outputs
     with integration.enabled(cpu_targets=True):
         served = _run(comfyui, graphs).outputs
     after = _run(comfyui, graphs).outputs
     assert _equal(served, plain) and _equal(after, plain)
     assert (comfyui.ops.cast_bias_weight, comfyui.mm.cast_to_device, comfyui.mm.load_models_gpu,
-            comfyui.utils.copy_to_param, comfyui.execution.execute) == originals
+            comfyui.utils.copy_to_param, comfyui.utils.load_torch_file, comfyui.execution.execute) == originals
 
 
 def test_switched_off_by_the_environment(comfyui, integration, monkeypatch, tmp_path):
@@ -525,6 +528,9 @@ def test_dynamic_vram_layers_are_pinned_once_by_pins(comfyui, integration, pins,
     hits = [after.get(f"model.{model}.{subset}.hits", 0) - before.get(f"model.{model}.{subset}.hits", 0)
             for _, before, after in served]
     assert misses[0] == 6 and sum(misses[1:]) == 0, misses  # weight and bias of each layer, pinned once
+    # load_torch_file read the file through pins.load_file: each pin is filled from the file
+    fills = [after["file_fills"] - before["file_fills"] for _, before, after in served]
+    assert fills == misses, fills
     assert hits[0] == 0 and all(h > 0 for h in hits[1:]), hits  # every layer cast again comes from its pin
 
 
@@ -563,3 +569,101 @@ def test_comfyuis_quantized_tensor_is_cast_as_itself(comfyui, integration, pins)
     assert all(type(o) is QuantizedTensor for o in out)
     assert all(torch.equal(o.dequantize(), q.dequantize()) for o in out)
     assert after["misses"] - before["misses"] == 1 and after["hits"] - before["hits"] == 2
+
+
+# --- load_torch_file reads safetensors through pins.load_file (issue 25) ---
+
+def _write_checkpoint(path, metadata=None, **extra):
+    """The dtypes ComfyUI's models come in, an empty tensor among them; names
+    not in sorted order in the file."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(3)
+    sd = {"z.weight": torch.randn(16, 8, generator=g).half(), "a.bias": torch.randn(16, generator=g).bfloat16(),
+          "m.scale": torch.randn(4, generator=g), "m.index": torch.arange(6), "m.mask": torch.tensor([True, False]),
+          "m.fp8": torch.randn(8, generator=g).to(torch.float8_e4m3fn), "m.empty": torch.zeros(0, 4),
+          "b.bytes": torch.arange(7, dtype=torch.uint8), **extra}
+    save_file(sd, str(path), metadata=metadata)
+    return str(path)
+
+
+def _assert_same_state_dict(ours, theirs):
+    assert list(ours) == list(theirs), "the same keys, in ComfyUI's order"
+    for k in theirs:
+        a, b = ours[k], theirs[k]
+        assert (a.dtype, a.shape, a.device, a.is_inference()) == (b.dtype, b.shape, b.device, b.is_inference()), k
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), k
+
+
+def test_safetensors_files_load_through_pins_as_comfyuis_own_loader(comfyui, integration, pins, tmp_path):
+    import comfy.clip_vision
+
+    own = comfyui.utils.load_torch_file
+    with_metadata = _write_checkpoint(tmp_path / "model.safetensors", {"format": "pt", "modelspec.title": "t"})
+    without = _write_checkpoint(tmp_path / "lora.sft")
+    hooks = integration.enable()
+    assert {"comfy.utils.load_torch_file", "comfy.clip_vision.load_torch_file"} <= hooks
+    assert comfy.clip_vision.load_torch_file is not own, "CLIP vision loads through pins too"
+    mapped = pins.stats()["mapped_files"]
+    sd, metadata = comfyui.utils.load_torch_file(with_metadata, safe_load=True, return_metadata=True)
+    assert pins.stats()["mapped_files"] == mapped + 1, "the tensors lie in pins' mapping of the file"
+    theirs, their_metadata = own(with_metadata, safe_load=True, return_metadata=True)
+    _assert_same_state_dict(sd, theirs)
+    assert metadata == their_metadata == {"format": "pt", "modelspec.title": "t"}
+    sd, metadata = comfyui.utils.load_torch_file(without, return_metadata=True)
+    theirs, their_metadata = own(without, return_metadata=True)
+    _assert_same_state_dict(sd, theirs)
+    assert metadata is None and their_metadata is None
+    with torch.inference_mode():  # as ComfyUI's executor runs loaders
+        _assert_same_state_dict(comfy.clip_vision.load_torch_file(without), own(without))
+    s = integration.stats()
+    assert s["loaded_files"] == 3 and not any(k.startswith("load_fallback.") for k in s), s
+
+
+def test_files_pins_does_not_read_are_comfyuis_own(comfyui, integration, monkeypatch, tmp_path):
+    own = comfyui.utils.load_torch_file
+    ckpt = str(tmp_path / "model.ckpt")
+    torch.save({"state_dict": {"w": torch.arange(4.0)}}, ckpt)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    nvfp4 = _write_checkpoint(tmp_path / "nvfp4.safetensors",
+                              q=torch.arange(8, dtype=torch.uint8).view(torch.float4_e2m1fn_x2))
+    with pytest.raises(Exception) as theirs:
+        own(str(bad))
+    assert integration.enable()
+    assert torch.equal(comfyui.utils.load_torch_file(ckpt, safe_load=True)["w"], torch.arange(4.0))
+    _assert_same_state_dict(comfyui.utils.load_torch_file(nvfp4), own(nvfp4))  # F4: pins has no dtype for it
+    with pytest.raises(type(theirs.value)) as ours:
+        comfyui.utils.load_torch_file(str(bad))
+    assert str(ours.value) == str(theirs.value), "ComfyUI's own error"
+    monkeypatch.setattr(comfyui.utils, "DISABLE_MMAP", True)
+    _assert_same_state_dict(comfyui.utils.load_torch_file(nvfp4), own(nvfp4))
+    s = integration.stats()
+    assert {k: v for k, v in s.items() if k.startswith("load_fallback.")} == {
+        "load_fallback.not-safetensors": 1, "load_fallback.refused": 2, "load_fallback.disable-mmap": 1}, s
+    assert s.get("loaded_files", 0) == 0
+
+
+def test_under_dynamic_vram_the_dict_is_load_safetensors_own(comfyui, integration, monkeypatch, tmp_path):
+    if not hasattr(comfyui.utils, "load_safetensors"):
+        pytest.skip("this ComfyUI predates dynamic VRAM (comfy.utils.load_safetensors)")
+    import comfy.memory_management
+
+    own = comfyui.utils.load_torch_file
+    path = _write_checkpoint(tmp_path / "model.safetensors")
+    e8m0 = _write_checkpoint(tmp_path / "e8m0.safetensors", s=torch.ones(4).to(torch.float8_e8m0fnu))
+    assert integration.enable()
+    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)  # read at each load, as ComfyUI does
+    monkeypatch.setattr(comfyui.utils, "DISABLE_MMAP", True)  # which ComfyUI's dynamic path does not read
+    sd, metadata = comfyui.utils.load_torch_file(path, return_metadata=True)
+    theirs, their_metadata = own(path, return_metadata=True)
+    assert list(theirs) != sorted(theirs), "the header's order, not safe_open's"
+    _assert_same_state_dict(sd, theirs)
+    assert metadata == their_metadata == {}
+    with pytest.raises(KeyError) as theirs:
+        own(e8m0)
+    with pytest.raises(KeyError) as ours:  # a dtype load_safetensors has no torch type for
+        comfyui.utils.load_torch_file(e8m0)
+    assert str(ours.value) == str(theirs.value)
+    s = integration.stats()
+    assert s["loaded_files"] == 1 and s["load_fallback.dtype"] == 1, s

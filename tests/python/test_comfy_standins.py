@@ -103,6 +103,31 @@ def _stand_in_comfy(with_executor=True, with_ram_points=True):
     utils.get_attr, utils.set_attr, utils.set_attr_param, utils.copy_to_param = \
         get_attr, set_attr, set_attr_param, copy_to_param
 
+    utils.DISABLE_MMAP = False
+    utils.loads = []  # the files the stand-in loader read itself
+
+    def load_torch_file(ckpt, safe_load=False, device=None, return_metadata=False):
+        """ComfyUI's loader as far as the tests look: safetensors through
+        safe_open (sorted keys, its metadata), or load_safetensors when dynamic
+        VRAM is on; other files through torch.load."""
+        import safetensors
+
+        utils.loads.append(ckpt)
+        device = torch.device("cpu") if device is None else device
+        metadata = None
+        if ckpt.lower().endswith((".safetensors", ".sft")):
+            if getattr(sys.modules.get("comfy.memory_management"), "aimdo_enabled", False):
+                sd, metadata = utils.load_safetensors(ckpt)
+            else:
+                with safetensors.safe_open(ckpt, framework="pt", device="cpu") as f:
+                    sd = {k: f.get_tensor(k).to(device) for k in f.keys()}
+                    metadata = f.metadata()
+        else:
+            sd = torch.load(ckpt, map_location=device, weights_only=True)
+        return (sd, metadata) if return_metadata else sd
+
+    utils.load_torch_file = load_torch_file
+
     class LowVramPatch:
         """A patch function shaped like ComfyUI's: adds up @ down, whose factors
         it brings over with comfy.model_management.cast_to_device."""
@@ -211,6 +236,8 @@ def comfy_env(monkeypatch, pins):
     import torch_pins.comfy as integration
 
     modules = _stand_in_comfy()
+    for name in [n for n in sys.modules if n.startswith("comfy.")]:
+        monkeypatch.delitem(sys.modules, name)  # a real ComfyUI test_comfy.py imported: out of sight
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     recorder = _Recorder(pins)
@@ -245,6 +272,7 @@ def test_enable_then_disable_restores_every_original(comfy_env):
         ("comfy.model_management", "load_models_gpu"): m["comfy.model_management"].load_models_gpu,
         ("comfy.model_management", "free_memory"): m["comfy.model_management"].free_memory,
         ("comfy.utils", "copy_to_param"): m["comfy.utils"].copy_to_param,
+        ("comfy.utils", "load_torch_file"): m["comfy.utils"].load_torch_file,
         ("execution", "execute"): m["execution"].execute,
     }
     patcher_init = vars(m["comfy.model_patcher"].ModelPatcher)["__init__"]
@@ -1038,3 +1066,174 @@ def test_a_dynamic_layer_pins_does_not_serve_keeps_comfyuis_own_pin(comfy_env):
         del sys.modules["comfy.pinned_memory"], sys.modules["comfy.memory_management"]
     assert list(vbar.comfy_pins) == [(id(layer), "weights-loaded")]
     assert comfy_env.integration.stats().get("vbar_casts", 0) == 0
+
+
+# --- load_torch_file reads safetensors through pins.load_file (issue 25) ---
+
+def _write_checkpoint(path, metadata=None, **extra):
+    """A small checkpoint in the dtypes ComfyUI's models come in, an empty
+    tensor among them; its names are not in sorted order in the file."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(3)
+    sd = {"z.weight": torch.randn(16, 8, generator=g).half(), "a.bias": torch.randn(16, generator=g).bfloat16(),
+          "m.scale": torch.randn(4, generator=g), "m.index": torch.arange(6), "m.mask": torch.tensor([True, False]),
+          "m.fp8": torch.randn(8, generator=g).to(torch.float8_e4m3fn), "m.empty": torch.zeros(0, 4),
+          "b.bytes": torch.arange(7, dtype=torch.uint8), **extra}
+    save_file(sd, str(path), metadata=metadata)
+    return str(path)
+
+
+def _bytes(t):
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _assert_same_state_dict(ours, theirs):
+    assert list(ours) == list(theirs), "the same keys, in the same order"
+    for k in theirs:
+        a, b = ours[k], theirs[k]
+        assert (a.dtype, a.shape, a.device, a.is_inference()) == (b.dtype, b.shape, b.device, b.is_inference()), k
+        assert torch.equal(_bytes(a), _bytes(b)), k
+
+
+def test_load_torch_file_reads_safetensors_through_pins_as_comfyui_does(comfy_env, tmp_path):
+    utils, pins = comfy_env.m["comfy.utils"], comfy_env.pins
+    comfy = utils.load_torch_file
+    with_metadata = _write_checkpoint(tmp_path / "model.safetensors", {"format": "pt", "modelspec.title": "t"})
+    without = _write_checkpoint(tmp_path / "lora.sft")
+    hooks = comfy_env.integration.enable()
+    assert "comfy.utils.load_torch_file" in hooks
+    mapped = pins.stats()["mapped_files"]
+    sd, metadata = utils.load_torch_file(with_metadata, return_metadata=True)
+    assert pins.stats()["mapped_files"] == mapped + 1, "the tensors lie in pins' mapping of the file"
+    assert metadata == {"format": "pt", "modelspec.title": "t"}
+    theirs, their_metadata = comfy(with_metadata, return_metadata=True)
+    _assert_same_state_dict(sd, theirs)
+    assert metadata == their_metadata
+    plain = utils.load_torch_file(without)
+    assert isinstance(plain, dict), "no metadata asked: the dict alone"
+    _assert_same_state_dict(plain, comfy(without))
+    assert utils.load_torch_file(without, return_metadata=True)[1] is None is comfy(without, return_metadata=True)[1]
+    with torch.inference_mode():  # as ComfyUI's executor runs loaders
+        _assert_same_state_dict(utils.load_torch_file(without), comfy(without))
+    s = comfy_env.integration.stats()
+    assert s["loaded_files"] == 4 and not any(k.startswith("load_fallback.") for k in s), s
+    assert comfy_env.rec.names().count("load_file") == 4
+    assert utils.loads == [with_metadata, without, without, without], "ComfyUI's loader ran only when called itself"
+
+
+def test_a_weight_loaded_through_pins_is_pinned_from_the_file_and_not_without_the_hook(comfy_env, tmp_path):
+    from safetensors.torch import save_file
+
+    ops, mp, pins = comfy_env.m["comfy.ops"], comfy_env.m["comfy.model_patcher"], comfy_env.pins
+    path = str(tmp_path / "net.safetensors")
+    save_file({k: v.detach().clone() for k, v in TinyNet(ops).state_dict().items()}, path)
+    x = torch.randn(2, 8)
+    filled = {}
+    for load_files in (True, False):
+        comfy_env.integration.enable(cpu_targets=True, load_files=load_files)
+        net = TinyNet(ops)
+        net.load_state_dict(comfy_env.m["comfy.utils"].load_torch_file(path), assign=True)  # as dynamic VRAM loads
+        mp.ModelPatcher(net, torch.device("cpu"), torch.device("cpu"))
+        before = pins.stats()["file_fills"]
+        assert torch.allclose(net(x), _plain_forward(net, x), atol=1e-3)
+        filled[load_files] = pins.stats()["file_fills"] - before
+        comfy_env.integration.disable()
+    assert filled == {True: 3, False: 0}, "l1's weight and bias (one pin), l2's weight: each read from the file"
+
+
+def test_files_pins_does_not_read_stay_comfyuis(comfy_env, tmp_path):
+    utils = comfy_env.m["comfy.utils"]
+    comfy = utils.load_torch_file
+    ckpt = str(tmp_path / "model.ckpt")
+    torch.save({"w": torch.arange(4.0)}, ckpt)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    nvfp4 = _write_checkpoint(tmp_path / "nvfp4.safetensors",
+                              q=torch.arange(8, dtype=torch.uint8).view(torch.float4_e2m1fn_x2))
+    safetensors_file = _write_checkpoint(tmp_path / "model.safetensors")
+    with pytest.raises(Exception) as theirs:
+        comfy(str(bad))
+    comfy_env.integration.enable()
+    utils.loads.clear()
+    assert torch.equal(utils.load_torch_file(ckpt)["w"], torch.arange(4.0))
+    _assert_same_state_dict(utils.load_torch_file(nvfp4), comfy(nvfp4))  # F4: pins has no dtype for it
+    with pytest.raises(type(theirs.value)) as ours:
+        utils.load_torch_file(str(bad))
+    assert str(ours.value) == str(theirs.value), "ComfyUI's own error"
+    meta = utils.load_torch_file(safetensors_file, device=torch.device("meta"))
+    assert all(t.device.type == "meta" for t in meta.values()), "another device: ComfyUI's loader moves them"
+    utils.DISABLE_MMAP = True
+    utils.load_torch_file(safetensors_file)
+    assert utils.loads == [ckpt, nvfp4, nvfp4, str(bad), safetensors_file, safetensors_file]
+    s = comfy_env.integration.stats()
+    assert {k: v for k, v in s.items() if k.startswith("load_fallback.")} == {
+        "load_fallback.not-safetensors": 1, "load_fallback.refused": 2, "load_fallback.device": 1,
+        "load_fallback.disable-mmap": 1}, s
+    assert s.get("loaded_files", 0) == 0
+    assert comfy_env.rec.names().count("load_file") == 2, "the refused two only"
+
+
+def test_under_dynamic_vram_the_dict_is_load_safetensors_own(comfy_env, monkeypatch, tmp_path):
+    import json
+    import struct
+
+    import safetensors
+
+    utils = comfy_env.m["comfy.utils"]
+    memory = types.ModuleType("comfy.memory_management")
+    monkeypatch.setitem(sys.modules, "comfy.memory_management", memory)
+    known = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2", "C64",
+             "U64", "U32", "U16"}  # no F8_E8M0
+
+    def load_safetensors(ckpt):
+        """The header's order and its __metadata__ ({} without one); a dtype it
+        does not know is a KeyError."""
+        with open(ckpt, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        sd = {}
+        with safetensors.safe_open(ckpt, framework="pt", device="cpu") as f:
+            for k, v in header.items():
+                if k != "__metadata__":
+                    utils._TYPES[v["dtype"]]  # noqa: B018
+                    sd[k] = f.get_tensor(k)
+        return sd, header.get("__metadata__", {})
+
+    utils.load_safetensors, utils._TYPES = load_safetensors, dict.fromkeys(known)
+    utils.DISABLE_MMAP = True  # the dynamic path maps anyway
+    comfy = utils.load_torch_file
+    path = _write_checkpoint(tmp_path / "model.safetensors")
+    e8m0 = _write_checkpoint(tmp_path / "e8m0.safetensors", s=torch.ones(4).to(torch.float8_e8m0fnu))
+    comfy_env.integration.enable()
+    memory.aimdo_enabled = True  # read by load_torch_file at each call, as ComfyUI reads it
+    sd, metadata = utils.load_torch_file(path, return_metadata=True)
+    theirs, their_metadata = comfy(path, return_metadata=True)
+    assert list(theirs) != sorted(theirs), "the header's order, not safe_open's"
+    _assert_same_state_dict(sd, theirs)
+    assert metadata == their_metadata == {}
+    with pytest.raises(KeyError):
+        utils.load_torch_file(e8m0)
+    s = comfy_env.integration.stats()
+    assert s["loaded_files"] == 1 and s["load_fallback.dtype"] == 1, s
+
+
+def test_a_module_holding_load_torch_file_by_name_is_hooked_and_restored_to_comfyuis(comfy_env, monkeypatch,
+                                                                                      tmp_path):
+    utils, pins = comfy_env.m["comfy.utils"], comfy_env.pins
+    comfy = utils.load_torch_file
+    hooks = comfy_env.integration.enable(load_files=False)
+    assert "comfy.utils.load_torch_file" not in hooks and utils.load_torch_file is comfy
+    comfy_env.integration.disable()
+    comfy_env.integration.enable()
+    # comfy.clip_vision imported after the hook went in: `from .utils import load_torch_file` took ours
+    clip_vision = types.ModuleType("comfy.clip_vision")
+    clip_vision.load_torch_file = utils.load_torch_file
+    monkeypatch.setitem(sys.modules, "comfy.clip_vision", clip_vision)
+    assert "comfy.clip_vision.load_torch_file" in comfy_env.integration.enable()
+    path = _write_checkpoint(tmp_path / "clip_vision.safetensors")
+    mapped = pins.stats()["mapped_files"]
+    sd = clip_vision.load_torch_file(path)
+    assert pins.stats()["mapped_files"] == mapped + 1 and comfy_env.integration.stats()["loaded_files"] == 1
+    _assert_same_state_dict(sd, comfy(path))
+    comfy_env.integration.disable()
+    assert clip_vision.load_torch_file is comfy and utils.load_torch_file is comfy, "ComfyUI's own, not ours"
