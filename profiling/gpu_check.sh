@@ -95,6 +95,9 @@ bench h2d 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/
 # A miss to the device: the pin's fill and its transfer in overlapping chunks
 # (Note [Chunked fill]) against a pageable .to(device, dtype).
 bench miss 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_miss.py --device cuda
+# Note [Shared pins]: host-to-device from a segment another process filled (this
+# process's own registration of the shared pages) against a private pin.
+bench "share h2d" 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_share_h2d.py
 bench fill 60 build-gpu/bin/pins-bench fill
 bench cast 60 build-gpu/bin/pins-bench cast
 bench "cast (python)" 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_cast_python.py

@@ -48,7 +48,7 @@ with torch.inference_mode():
         for name, t in tensors.items():
             out = pins.cast_to_device(t, "cpu", model=m)
             if r == rounds - 1 and name == next(iter(tensors)):
-                assert torch.equal(out, t)
+                assert torch.equal(out.view(torch.int16), t.view(torch.int16))
         if warm is None:
             warm = time.perf_counter() - t0
 s = pins.stats()

@@ -16,9 +16,10 @@ for kind in asan tsan; do
   dir=build-$kind
   [ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja -DPINS_WITH_TORCH=OFF -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS="$flags -O1" >/dev/null
-  cmake --build "$dir" --target pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests
-  for t in pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests; do
-    if "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
+  cmake --build "$dir" --target pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests
+  for t in pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests; do
+    # The chaos test's workers run instrumented too: a quarter of its kills.
+    if PINS_CHAOS_KILLS=50 "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
       echo "sanitize $kind $t: ok"
     else
       echo "sanitize $kind $t: FAILED (log: $dir/$t.log)"; tail -30 "$dir/$t.log"; status=1

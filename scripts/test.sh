@@ -15,6 +15,18 @@ layers_rc=$?
 ctest_rc=$?
 .venv/bin/python -m pytest -q tests/python --junitxml=build/test-results/pytest.xml
 pytest_rc=$?
+# The suites shared pins change (docs/DESIGN.md "Shared pins"), again with
+# share:true: every pin of a load_file tensor then lives in a shared segment.
+share_root=$(mktemp -d "$( [ -d /dev/shm ] && echo /dev/shm || echo /tmp )/pins-test-share-XXXXXX")
+PINS_CONF="share:true,share_dir:$share_root" .venv/bin/python -m pytest -q tests/python/test_load_file.py \
+  tests/python/test_cast_to_device.py tests/python/test_gathered.py tests/python/test_comfy_standins.py \
+  tests/python/test_reliability.py tests/python/test_contract.py tests/python/test_fast_path.py \
+  tests/python/test_bad_input.py tests/python/test_subclass.py tests/python/test_opcheck.py \
+  --junitxml=build/test-results/pytest-share.xml -o junit_suite_name=pytest-share
+share_rc=$?
+# The last process out removes the share's directory: none is left behind.
+if [ -n "$(ls -A "$share_root")" ]; then echo "shared pins left files in $share_root"; share_rc=1; fi
+rm -rf "$share_root"
 # A second torch release in short form (docs/RELEASES.md): the torch layer built
 # for torch 2.14.1 and the op's tests run under it.
 bash scripts/check_release.sh build/test-results/pytest-torch-2.14.xml
@@ -35,8 +47,9 @@ hip_rc=$?
 PINS_WINDOWS_JUNIT=build/test-results/windows.xml bash scripts/check_windows.sh
 windows_rc=$?
 .venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
+  build/test-results/pytest-share.xml \
   build/test-results/fuzz.xml build/test-results/pytest-torch-2.14.xml build/test-results/hip.xml \
   build/test-results/windows.xml
 sum_rc=$?
-[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $release_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] \
+[ $layers_rc -eq 0 ] && [ $ctest_rc -eq 0 ] && [ $pytest_rc -eq 0 ] && [ $share_rc -eq 0 ] && [ $release_rc -eq 0 ] && [ $fuzz_rc -eq 0 ] \
   && [ $hip_rc -eq 0 ] && [ $windows_rc -eq 0 ] && [ $sum_rc -eq 0 ]

@@ -162,3 +162,28 @@ def test_share_keys_are_fixed_after_first_use(pins):
         pins.configure(f"share:{flip}")
     with pytest.raises(ValueError, match="'share_dir'"):
         pins.configure("share_dir:/elsewhere")
+
+
+def test_share_bench_meets_its_targets_at_small_scale(tmp_path):
+    # profiling/share_bench.py end to end on a 64 MiB model, two processes:
+    # one pinned copy for both, nothing read from disk by the late one.
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "share_bench.py"), "--gib", "0.0625",
+                          "--procs", "2", "--rounds", "2", "--dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = out.stdout.strip().splitlines()[-1]
+    assert result.startswith("RESULT "), out.stdout
+    figures = dict(kv.split("=") for kv in result.split()[1:])
+    assert float(figures["ram_ratio"]) <= 1.15, result
+    assert float(figures["second_disk_ratio"]) <= 0.05, result
+    assert float(figures["private_ram_ratio"]) >= 1.9, result  # two private copies, for contrast
+    assert "files left after the last exit: False" in out.stdout
+
+
+def test_share_h2d_bench_explains_a_missing_device():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: profiling/gpu_check.sh runs the benchmark itself")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_share_h2d.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "needs a CUDA device" in out.stdout, out.stdout + out.stderr
