@@ -325,8 +325,10 @@ struct HostShare::Impl {
   }
 
   // Opens and maps a Ready entry's segment (its lease held, so it stays).
-  void* open_ready(uint32_t i, uint64_t gen, uint64_t length) {
+  // `gone`: the segment's file is not there (removed by hand): the entry goes.
+  void* open_ready(uint32_t i, uint64_t gen, uint64_t length, bool& gone) {
     const int s = openat(dir_fd, segment_name(i, gen).c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    gone = s < 0 && errno == ENOENT;
     if (s < 0) return nullptr;
     struct stat st {};
     void* p = nullptr;
@@ -549,10 +551,15 @@ Grant HostShare::acquire(const Key& k) {
         seal(e);
         const uint64_t gen = e.generation;
         im.unlock();
-        void* p = im.open_ready(i, gen, k.length);
+        bool gone = false;
+        void* p = im.open_ready(i, gen, k.length, gone);
         if (p == nullptr) {
           im.lock();
-          if (im.usable()) im.drop_lease(i, gen);
+          if (im.usable()) {
+            Entry& again = im.entry(i);
+            if (gone && entry_valid(again) && again.generation == gen && again.state == kReady) im.drop(i);
+            else im.drop_lease(i, gen);
+          }
           im.unlock();
           im.errors.fetch_add(1, std::memory_order_relaxed);
           return g;

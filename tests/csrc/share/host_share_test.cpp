@@ -221,6 +221,24 @@ TEST_F(HostShareTest, FullProbeIsRefusedNotACrash) {
   EXPECT_TRUE(segments().empty());
 }
 
+TEST_F(HostShareTest, SegmentRemovedByHandIsDroppedNotServed) {
+  auto a = HostShare::attach(opts_);
+  auto b = HostShare::attach(opts_);
+  const Grant w = a->acquire(key(0));
+  fill(w, 'k');
+  ASSERT_TRUE(a->publish(w));
+  for (const std::string& s : segments()) fs::remove(dir_ + "/" + s);
+  EXPECT_EQ(b->acquire(key(0)).kind, Grant::Kind::None);
+  EXPECT_EQ(b->stats().errors, 1u);
+  EXPECT_EQ(b->stats().entries, 0u) << "the entry went with its file";
+  const Grant again = b->acquire(key(0));
+  EXPECT_EQ(again.kind, Grant::Kind::Write);
+  EXPECT_TRUE(holds(w, 'k')) << "a's mapping still holds its bytes";
+  release(*a, w);
+  release(*b, again);
+  EXPECT_TRUE(segments().empty());
+}
+
 // ---- a peer writing garbage, a process killed in an update
 
 // The index file's entries, as a peer sees them.
