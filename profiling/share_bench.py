@@ -155,7 +155,8 @@ def main():
     warm_first = sum(r["warm_s"] for r in reps) / len(reps)
     print(f"# model {model_bytes / (1 << 30):.2f} GiB, {args.procs} processes x {args.rounds} rounds; "
           f"shared group: joins {sum(r['joins'] for r in reps)}, fills {sum(r['fills'] for r in reps)}, "
-          f"waits {sum(r['waits'] for r in reps)}, busy {sum(r['busy'] for r in reps)}; "
+          f"waits {sum(r['waits'] for r in reps)}, busy {sum(r['busy'] for r in reps)}, "
+          f"read {sum(r['read_bytes'] for r in reps)} B; solo read {solo['read_bytes']} B; "
           f"late: joins {late['joins']}, fills {late['fills']}, read {late['read_bytes']} B; "
           f"files left after the last exit: {left}")
     print(f"RESULT ram_ratio={shared / one:.3f} second_disk_ratio={late['read_bytes'] / model_bytes:.4f} "

@@ -46,14 +46,19 @@
 // (shmem) lower for every process alike, so one watermark holds for the sum of
 // all processes' pins. Joining a Ready entry adds no RAM and takes no budget.
 // A process's own figures (pool stats, the balancer's bytes) count a joined
-// segment in full; the index's `bytes` counts each segment once.
+// segment in full; the index's `bytes` counts each segment once. So does a
+// free: dropping a pin whose segment another process leases frees no RAM yet,
+// and the pressure monitor's recheck (20 ms on) frees more where it must; the
+// prewarm's estimate of a prompt's new pins does not know which of them a
+// peer holds already.
 //
 // Security. The directory is created 0700 and every file in it 0600, opened
 // relative to the directory with O_NOFOLLOW; a directory or file that is not
 // the process's user's own, or is open to others, is refused with an error
 // naming it, its owner and mode: a process of another user cannot attach.
 // Same-user processes are trusted with the segments' bytes, as they can
-// ptrace each other anyway; the index is checked, never trusted.
+// ptrace each other anyway (one that truncates a segment another maps makes
+// the reader fault); the index is checked, never trusted.
 //
 // Crash safety. A kill -9 anywhere leaves the other processes serving correct
 // bytes: an entry is mapped only Ready, a Writing entry of a dead writer is
