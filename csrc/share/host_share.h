@@ -8,7 +8,10 @@
 // /dev/shm unless set), mapped MAP_SHARED by every process that pins the same
 // bytes. A segment is keyed by the file's identity as fstat tells it (device,
 // inode, size, mtime, ctime) and the byte range, so a second process finds it
-// without reading or hashing the file. What is not shared: a source not backed
+// without reading or hashing the file. A segment holds one tensor: each
+// process page-locks its own mapping of it (the pool adopts it: Note [Adopted
+// blocks]), a registration the size of one pin, as for private pins. What is
+// not shared: a source not backed
 // by a file (a patched weight, a LoRA factor, a model built in RAM), a source
 // whose pages were written through the mapping, a gathered pin; other hosts.
 //
