@@ -43,7 +43,9 @@
 //
 // Eviction and the budget. An entry lives while a process leases it: when the
 // last lease goes, its segment is unlinked and its RAM returns to the system
-// once the last mapping is gone. So there is no unleased entry to evict, and a
+// once the last mapping is gone. A process's lease goes when the pool retires
+// the pin's block: at once on a free with no copy in flight, else at the
+// pool's next reap after the copy's fence is done (its next allocation or trim). So there is no unleased entry to evict, and a
 // process evicts only its own pins, along its own tiers, under the balancer's
 // budget: the budget reads the host's available memory, which the segments
 // (shmem) lower for every process alike, so one watermark holds for the sum of
