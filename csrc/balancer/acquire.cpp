@@ -105,7 +105,12 @@ void* Balancer::adopt(const share::Grant& g, bool lock) {
   auto release = [share = share_, entry = g.entry, gen = g.generation, data = g.data, length = g.length] {
     share->release(entry, gen, data, length);
   };
-  return pool_.adopt(g.data, size, lock, std::move(release));
+  try {
+    return pool_.adopt(g.data, size, lock, release);
+  } catch (...) {
+    release();  // not adopted: the grant goes back here
+    throw;
+  }
 }
 
 Balancer::Admitted Balancer::admit(const Request& r, Subset target, uint64_t settled_at_read) {
