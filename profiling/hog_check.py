@@ -38,11 +38,12 @@ comes within one period (within about 25 ms on the 2-core VM of
 docs/RELIABILITY.md); available RAM is back above the headroom once the relief
 has freed pins (a few ms here). It prints which torch_pins and libpins.so the
 pins process loaded: a venv's editable install may resolve another checkout's.
-Exit status: 0 when neither process was killed and, with the monitor, the first check of every episode came within one monitor period
-(plus --grace-ms, 50 ms, for the scheduling of a loaded machine) and the hog
-never found available RAM below its floor (pins gave way first); without the
-monitor the check reports and exits 0 unless a process was killed; 1
-otherwise; 2 for a usage error or a machine where it cannot run.
+Exit status: 0 when neither process was killed and, with the monitor, the
+first check of every episode came within one monitor period (plus --grace-ms,
+50 ms, for the scheduling of a loaded machine) and the hog never found
+available RAM below its floor (pins gave way first); without the monitor the
+check reports and exits 0 unless a process was killed; 1 otherwise; 2 for a
+usage error or a machine where it cannot run.
 """
 import argparse
 import json
