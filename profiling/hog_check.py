@@ -31,16 +31,19 @@ torch_pins of this checkout (python_bindings, built: make build).
 
     .venv/bin/python profiling/hog_check.py [--machine] [--limit 8G] [--pins 5G] [--no-monitor]
 
-The monitor checks every monitor_interval_ms (200 ms), and 20 ms after a check
-that found pressure, so its first check in an episode comes within one period;
-available RAM is back above the headroom once the relief has freed pins (tens
-of ms here), or later where the hog takes the freed memory as fast as pins
-gives it back. Exit status: 0 when neither process was killed and, with the
-monitor, the first check of every episode came within one monitor period
-(plus --grace-ms, 50 ms, for the scheduling of a loaded machine) and the hog
-never found available RAM below its floor (pins gave way first); without the
-monitor the check reports and exits 0 unless a process was killed; 1
-otherwise; 2 for a usage error or a machine where it cannot run.
+The monitor checks every monitor_interval_ms (200 ms), 20 ms after a check
+that found pressure, and sooner while available RAM falls fast towards the
+headroom (Note [Pressure monitor wake-ups]), so its first check in an episode
+comes within one period (within about 25 ms on the 2-core VM of
+docs/RELIABILITY.md); available RAM is back above the headroom once the relief
+has freed pins (a few ms here). It prints which torch_pins and libpins.so the
+pins process loaded: a venv's editable install may resolve another checkout's.
+Exit status: 0 when neither process was killed and, with the monitor, the
+first check of every episode came within one monitor period (plus --grace-ms,
+50 ms, for the scheduling of a loaded machine) and the hog never found
+available RAM below its floor (pins gave way first); without the monitor the
+check reports and exits 0 unless a process was killed; 1 otherwise; 2 for a
+usage error or a machine where it cannot run.
 """
 import argparse
 import json
@@ -202,7 +205,8 @@ def role_pins(args: argparse.Namespace) -> int:
                       "pin_reserve": int(conf["pin_reserve"]), "relieve_slack": int(conf["relieve_slack"]),
                       "monitor": conf["monitor"] == "true",
                       "monitor_running": s["monitor"] == 1, "interval_ms": int(conf["monitor_interval_ms"]),
-                      "cap": int(conf["cap"])}), flush=True)
+                      "cap": int(conf["cap"]), "torch_pins": os.path.dirname(pins.__file__),
+                      "library": os.path.realpath(pins.library_path())}), flush=True)
     # The times of the pressure checks that found pressure (relieve_calls moves
     # only then: no prompt or node boundary runs here), with the bytes freed.
     relieved: List[Tuple[float, int]] = []
@@ -423,6 +427,7 @@ def check(args: argparse.Namespace, ram: int, cgroup: Optional[Cgroup]) -> int:
     print(f"pins: headroom {ready['headroom'] / MiB:.0f} MiB ({ready['headroom_source']}), pin_reserve "
           f"{ready['pin_reserve'] / MiB:.0f} MiB, monitor {'on' if ready['monitor_running'] else 'off'} "
           f"(interval {interval} ms), PINS_CONF {env['PINS_CONF']}")
+    print(f"pins: torch_pins from {ready['torch_pins']}, {ready['library']}")
     print(f"pins held {gib(ready['pinned'])} GiB in {ready['pins']} pins before the hog "
           f"({100 * ready['pinned'] / r:.0f}% of {'the limit' if cgroup else 'RAM'}; {ready['refused']} casts refused); "
           f"available then {gib(a1)} GiB")

@@ -1,9 +1,11 @@
 #include "csrc/system/monitor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <system_error>
 
 #include "csrc/base/check.h"
+#include "csrc/base/saturate.h"
 #include "csrc/system/process.h"
 
 namespace pins {
@@ -70,29 +72,62 @@ void PressureMonitor::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool PressureMonitor::check() {
+double pressure_fall_rate(double before, uint64_t fell, std::chrono::nanoseconds over,
+                          std::chrono::milliseconds interval) {
+  if (over.count() <= 0) return before;
+  const double seconds = static_cast<double>(over.count()) / 1e9;
+  const double now = static_cast<double>(fell) / seconds;
+  const double halvings = seconds * 1e3 / static_cast<double>(interval.count());
+  return std::max(now, before * std::exp2(-halvings));  // exp2 goes to 0 for a long time, never below
+}
+
+std::chrono::milliseconds pressure_check_wait(uint64_t available, uint64_t headroom, double fall_rate,
+                                              std::chrono::milliseconds interval) {
+  if (!(fall_rate > 0) || available < headroom) return interval;
+  const double half_ms = static_cast<double>(available - headroom) / fall_rate * 1e3 / 2;
+  const auto soonest = std::min(interval, kPressureRecheck);
+  if (half_ms >= static_cast<double>(interval.count())) return interval;
+  if (half_ms <= static_cast<double>(soonest.count())) return soonest;
+  return std::chrono::milliseconds(static_cast<int64_t>(half_ms));
+}
+
+std::chrono::milliseconds PressureMonitor::check(std::optional<Reading>& last) {
+  using Clock = std::chrono::steady_clock;
   wakeups_.fetch_add(1, std::memory_order_relaxed);
   try {
+    const Clock::time_point at = Clock::now();
     const MemoryInfo m = probe_.read();
-    if (m.available < headroom_()) {
+    const uint64_t headroom = headroom_();
+    const double fall_rate =
+        last ? pressure_fall_rate(last->fall_rate, sub_sat(last->available, m.available), at - last->at, interval_)
+             : 0;
+    if (m.available < headroom) {
       triggers_.fetch_add(1, std::memory_order_relaxed);
+      last.reset();  // a throw from on_pressure() leaves no reading behind
       on_pressure_();
-      return true;
+      // Note [Pressure monitor wake-ups]: the next check measures the fall
+      // from what the relief left, at the rate seen up to it.
+      last = Reading{Clock::now(), probe_.read().available, fall_rate};
+      return std::min(interval_, kPressureRecheck);
     }
+    last = Reading{at, m.available, fall_rate};
+    return pressure_check_wait(m.available, headroom, fall_rate, interval_);
   } catch (...) {
     // A throw here would end the process (std::terminate on a thread); the
     // monitor is advisory, so it counts the failure and checks again later.
     errors_.fetch_add(1, std::memory_order_relaxed);
+    last.reset();
   }
-  return false;
+  return interval_;
 }
 
 void PressureMonitor::run() {
   t_monitor = this;
+  std::optional<Reading> last;
   while (!stopping_.load()) {
-    // Note [Pressure monitor wake-ups]: after a check that found pressure, the
-    // next comes sooner.
-    const std::chrono::milliseconds wait = check() ? std::min(interval_, kRecheck) : interval_;
+    // Note [Pressure monitor wake-ups]: sooner after pressure, or before a
+    // fall reaches the headroom.
+    const std::chrono::milliseconds wait = check(last);
     if (stopping_.load()) break;
     if (signal_->wait(wait) == PressureSignal::Woken::kWake) {
       // stop() asked, or someone else wrote (a fork child built before Note

@@ -14,13 +14,28 @@
 //    signal, Windows' stand-in for PSI, is in use;
 //  - every `interval` in either mode, because RAM can run out slowly without
 //    any stall, which PSI alone would miss;
-//  - kRecheck (20 ms) after a check that found pressure, when that is sooner:
-//    a process that allocates faster than on_pressure() frees (the balancer's
-//    relief gives back relieve_slack past the headroom) keeps available RAM
-//    below the headroom past one relief, and would otherwise keep it there a
-//    whole interval more (the hog check, docs/RELIABILITY.md "Memory pressure
-//    from another process"). Under pressure that nothing relieves, that is 50
-//    checks a second, each a read of the probe and an on_pressure().
+//  - kPressureRecheck (20 ms) after a check that found pressure, when that is
+//    sooner: a process that allocates faster than on_pressure() frees (the
+//    balancer's relief gives back relieve_slack past the headroom) keeps
+//    available RAM below the headroom past one relief, and would otherwise keep
+//    it there a whole interval more (the hog check, docs/RELIABILITY.md "Memory
+//    pressure from another process"). Under pressure that nothing relieves,
+//    that is 50 checks a second, each a read of the probe and an on_pressure();
+//  - before available RAM, falling, reaches the headroom: a check that found
+//    no pressure waits half the time the fall would take to reach it, at least
+//    kPressureRecheck and at most `interval` (pressure_check_wait). The rate of
+//    the fall is the one since the reading before, or, when larger, the rate
+//    measured then halved for each interval since (pressure_fall_rate): an
+//    allocator descheduled on a loaded machine falls silent between two checks
+//    and then goes on at its old rate. The reading before is the last check's,
+//    or the one taken right after an on_pressure(), so the check after a relief
+//    measures the fall from what the relief left. With the interval alone, an
+//    episode that began just after a check lasted the whole interval and the
+//    relief after it: in the hog check, 2 of 31 episodes past the 200 ms
+//    period (up to 254 ms); with the fall measured, every episode ended within
+//    about 25 ms. Only the waits change: nothing is freed before available RAM
+//    is below the headroom, and RAM that stands, rises or falls far from the
+//    headroom keeps the interval.
 // stop() wakes the thread through an eventfd (an event on Windows), so it
 // returns as soon as a check in progress (and its on_pressure()) finishes,
 // whatever the interval. A wake-up on the eventfd that stop() did not ask for
@@ -45,6 +60,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -53,6 +69,23 @@
 #include "csrc/system/sysmem.h"
 
 namespace pins {
+
+// Note [Pressure monitor wake-ups]: the soonest check after one that found
+// pressure, or before a fall reaches the headroom.
+inline constexpr std::chrono::milliseconds kPressureRecheck{20};
+
+// Note [Pressure monitor wake-ups]: the rate in bytes a second at which
+// available RAM falls, after a reading `fell` bytes below the one `over` before
+// it, where the rate measured then was `before`: the larger of this fall's rate
+// and `before` halved for each `interval` since.
+double pressure_fall_rate(double before, uint64_t fell, std::chrono::nanoseconds over,
+                          std::chrono::milliseconds interval);
+// Note [Pressure monitor wake-ups]: how long to wait after a check that found
+// `available` >= `headroom`, with available RAM falling at `fall_rate` bytes a
+// second: half the time it takes to reach the headroom at that rate, within
+// [min(interval, kPressureRecheck), interval]; `interval` when it does not fall.
+std::chrono::milliseconds pressure_check_wait(uint64_t available, uint64_t headroom, double fall_rate,
+                                              std::chrono::milliseconds interval);
 
 class PressureMonitor {
  public:
@@ -89,11 +122,19 @@ class PressureMonitor {
   uint64_t foreign_wakeups() const { return foreign_wakeups_.load(std::memory_order_relaxed); }
 
  private:
-  // Note [Pressure monitor wake-ups]: the soonest check after one that found pressure.
-  static constexpr std::chrono::milliseconds kRecheck{20};
+  // A reading of available RAM and when it was taken: what a check measures
+  // the fall from (Note [Pressure monitor wake-ups]).
+  struct Reading {
+    std::chrono::steady_clock::time_point at;
+    uint64_t available = 0;
+    double fall_rate = 0;  // bytes a second (pressure_fall_rate), up to this reading
+  };
 
   void run();
-  bool check();  // whether it found pressure (and called on_pressure)
+  // One check; returns how long to wait for the next. `last` is the reading the
+  // fall is measured from (none at first and after a failed check); the check
+  // replaces it.
+  std::chrono::milliseconds check(std::optional<Reading>& last);
   void abandon_inherited();  // Note [Monitor across fork]
 
   MemoryProbe& probe_;
