@@ -110,6 +110,11 @@ struct SuiteFigures {
   double oracle_zero_excess = 0;  // the most bytes read where the oracle reads nothing
   int over_mru = 0, over_lru = 0;  // scenarios reading more than mru (lru) + the allowance
   double worst_over_mru = 0, worst_over_lru = 0;  // the most bytes over mru (lru), in allowances (1 = one layer a run)
+  // Over the lesser of mru and lru per scenario (issue 24's criterion: a
+  // policy should not lose to whichever simple order suits the scenario);
+  // 0 unless both were replayed.
+  int over_min = 0;
+  double worst_over_min = 0;  // in allowances
   int below_ram_bound = 0;  // scenarios reading less than the RAM bound (0 for every policy, or the model is wrong)
   int below_oracle = 0;     // scenarios reading less than the oracle (Belady is a heuristic with mixed sizes)
 };

@@ -124,6 +124,39 @@ TEST(SimSuite, FiguresByHand) {
   EXPECT_EQ(f[0].below_oracle, 0);
 }
 
+// Issue 24's criterion: more than min(lru, mru) + the allowance. A scenario
+// over both counts once; one over lru alone (where lru is the lesser) counts.
+TEST(SimSuite, OverTheLesserOfLruAndMruCountsEachScenarioOnce) {
+  SuiteResult r;
+  r.policies = {"lru", "mru", "x", "oracle"};
+  const auto row = [&](std::vector<uint64_t> disk, uint64_t allowance) {
+    SuiteRow s;
+    s.disk = std::move(disk);
+    s.allowance = allowance;
+    s.runs = 1;
+    return s;
+  };
+  r.rows = {row({100, 200, 150, 100}, 10),   // over lru by 5 allowances, under mru
+            row({300, 200, 260, 100}, 10),   // over mru by 6, under lru
+            row({100, 100, 180, 100}, 20),   // over both by 4
+            row({100, 120, 110, 100}, 10),   // over lru by exactly the allowance: not counted
+            row({100, 200, 250, 100}, 10)};  // over mru by 5, over lru by 15
+  r.scenarios.resize(r.rows.size());
+  const SuiteFigures x = suite_figures(r)[2];
+  EXPECT_EQ(x.over_lru, 3);
+  EXPECT_EQ(x.over_mru, 3);
+  EXPECT_EQ(x.over_min, 5 - 1) << "the union of the two, not their sum";
+  EXPECT_DOUBLE_EQ(x.worst_over_min, 15.0);
+  EXPECT_DOUBLE_EQ(x.worst_over_lru, 15.0);
+  EXPECT_DOUBLE_EQ(x.worst_over_mru, 6.0);
+  const SuiteFigures lru = suite_figures(r)[0];
+  EXPECT_EQ(lru.over_min, 1) << "lru over mru where mru is less: scenario 1 by 10";
+  // Without mru in the suite there is no lesser of the two to compare with.
+  r.policies = {"lru", "x", "oracle"};
+  for (SuiteRow& s : r.rows) s.disk.erase(s.disk.begin() + 1);
+  EXPECT_EQ(suite_figures(r)[1].over_min, 0);
+}
+
 TEST(SimSuite, NoPolicyPinsPastRamWithoutHeadroom) {
   ReplayOptions o;
   o.conf = "headroom:0,pin_reserve:0";
