@@ -231,6 +231,26 @@ struct HostShare::Impl {
     for (const std::string& n : doomed) unlinkat(dir_fd, n.c_str(), 0);
   }
 
+  // Whether slot s holds the valid entry e: its writer, or a lease.
+  static bool holds(const Entry& e, uint32_t s) {
+    if (e.state != kWriting && e.state != kReady) return false;
+    return (e.state == kWriting && e.writer == s) || (e.leases & (uint64_t{1} << s)) != 0;
+  }
+
+  // Slot s lets go of the valid Writing or Ready entry i: its own Writing
+  // entry goes (never published: nobody else maps it), else its lease, and
+  // the entry with the last one.
+  void let_go(uint32_t i, uint32_t s) {
+    Entry& e = entry(i);
+    if (e.state == kWriting && e.writer == s) {
+      drop(i);
+      return;
+    }
+    e.leases &= ~(uint64_t{1} << s);
+    if (e.leases == 0) drop(i);
+    else seal(e);
+  }
+
   // Clears a dead slot's leases and drops its Writing entries.
   void reclaim_slot(uint32_t s) {
     const uint64_t bit = uint64_t{1} << s;
@@ -243,16 +263,7 @@ struct HostShare::Impl {
         tore = true;
         continue;
       }
-      if (e.state != kWriting && e.state != kReady) continue;
-      if (e.state == kWriting && e.writer == s) {
-        drop(i);
-        continue;
-      }
-      if (e.leases & bit) {
-        e.leases &= ~bit;
-        if (e.leases == 0) drop(i);
-        else seal(e);
-      }
+      if (holds(e, s)) let_go(i, s);
     }
     header().slots_used &= ~bit;
     if (tore) sweep_files();
@@ -343,14 +354,7 @@ struct HostShare::Impl {
     if (i >= kEntries) return;
     Entry& e = entry(i);
     if (!entry_valid(e) || e.generation != gen || (e.state != kWriting && e.state != kReady)) return;
-    const uint64_t bit = uint64_t{1} << slot;
-    if (e.state == kWriting && e.writer == slot) {
-      drop(i);  // never published: nobody else maps it
-      return;
-    }
-    e.leases &= ~bit;
-    if (e.leases == 0) drop(i);
-    else seal(e);
+    let_go(i, slot);
   }
 };
 
@@ -565,12 +569,7 @@ Grant HostShare::acquire(const Key& k) {
           return g;
         }
         im.joins.fetch_add(1, std::memory_order_relaxed);
-        g.kind = Grant::Kind::Ready;
-        g.data = p;
-        g.length = k.length;
-        g.entry = i;
-        g.generation = gen;
-        return g;
+        return Grant{Grant::Kind::Ready, p, k.length, i, gen};
       }
       // Writing: wait for its writer, unless the writer is this process (its
       // own race: the balancer serves it) or dead (its entry goes).
@@ -627,12 +626,7 @@ Grant HostShare::acquire(const Key& k) {
       return g;
     }
     im.fills.fetch_add(1, std::memory_order_relaxed);
-    g.kind = Grant::Kind::Write;
-    g.data = p;
-    g.length = k.length;
-    g.entry = i;
-    g.generation = gen;
-    return g;
+    return Grant{Grant::Kind::Write, p, k.length, i, gen};
   }
 }
 
@@ -672,19 +666,11 @@ void HostShare::detach() {
     im.unlock();
     return;
   }
-  const uint64_t bit = uint64_t{1} << im.slot;
   for (uint32_t i = 0; i < kEntries; ++i) {
-    Entry& e = im.entry(i);
-    if (!entry_valid(e) || (e.state != kWriting && e.state != kReady)) continue;
-    if (e.state == kWriting && e.writer == im.slot) {
-      im.drop(i);
-    } else if (e.leases & bit) {
-      e.leases &= ~bit;
-      if (e.leases == 0) im.drop(i);
-      else seal(e);
-    }
+    const Entry& e = im.entry(i);
+    if (entry_valid(e) && Impl::holds(e, im.slot)) im.let_go(i, im.slot);
   }
-  im.header().slots_used &= ~bit;
+  im.header().slots_used &= ~(uint64_t{1} << im.slot);
   im.sweep_dead();
   if (im.header().slots_used == 0) {
     // The last one out: every file goes, then the directory.
