@@ -56,11 +56,13 @@ struct Request {
 };
 
 // Whom a walk of the eviction order frees for: a new pin of `model` in
-// `target`, or nobody in particular (an explicit free, relieve(), page-lock
-// drops). Note [Miss cost] and Note [Idle cache pins] say what it changes.
+// `target` (of source `key`, when given), or nobody in particular (an explicit
+// free, relieve(), page-lock drops). Note [Miss cost], Note [Idle cache pins]
+// and Note [Trace bypass] (trace.h) say what it changes.
 struct Asker {
   ModelId model = -1;
   std::optional<Subset> target;
+  const PinKey* key = nullptr;
 };
 
 // Note [Miss cost]

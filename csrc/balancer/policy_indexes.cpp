@@ -3,6 +3,7 @@
 // [Eviction walk] in eviction.h, Note [Trace index] in trace.h, Note [Reuse
 // policy] in reuse.h).
 #include <algorithm>
+#include <tuple>
 #include <unordered_set>
 #include <utility>
 
@@ -57,12 +58,23 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
       }
     }
   }
+  // Note [Trace bypass]: a new weight pin takes no weight pin the trace
+  // predicts to be used no later than its own source; the walk (farthest first)
+  // stops at the first such pin, and the new pin is refused unless enough was
+  // freed before it.
+  const bool bypass = policy_ == PolicyKind::Trace && trace_.following() && asker.key != nullptr && asker.target &&
+                      !for_patch;
+  TraceRecorder::Rank mine;
+  if (bypass) mine = trace_.rank({asker.model, Kind::Weights, *asker.key});
+  const auto sooner = [&](const Pin& p) {
+    return bypass && !is_patch(p.subset) && std::tie(p.trace_cls, p.trace_value) <= std::tie(mine.cls, mine.value);
+  };
   bool stopped = false;
   const auto rest = [&](const Candidate& c) {
     if (idle.count(c.pin) != 0) return true;
     // Note [Idle cache pins]: a model being loaded does not evict its own
     // layers for others of its own: the new pin is refused.
-    stopped = own(*c.pin) || !visit(c);
+    stopped = own(*c.pin) || sooner(*c.pin) || !visit(c);
     return !stopped;
   };
   const ReuseView reuse{&reuse_, clock_};

@@ -92,17 +92,21 @@ TraceRecorder::Rank TraceRecorder::rank(const TraceKey& k) const {
     auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(ref.cursor));
     if (pos != it->second.end()) return {0, *pos};
   }
-  // Not used again in this prompt: when the prompt that followed the active
-  // record last time comes again (Note [Trace policy]).
-  uint64_t next_len = ref.keys.size();
+  // Not used again in this prompt: the prompts that followed the active record
+  // last time come again in their order, then the active one's workflow
+  // (Note [Trace policy]).
   if (a == 0) {
     if (auto f = now_first_.find(k); f != now_first_.end()) return {1, f->second};
-  } else {
-    const Record& next = records_[a - 1];
-    if (auto n = next.pos.find(k); n != next.pos.end()) return {1, n->second.front()};
-    next_len = next.keys.size();
+    if (it != ref.pos.end()) return {1, ref.keys.size() + it->second.front()};
+    return {2, 0};
   }
-  if (it != ref.pos.end()) return {1, next_len + it->second.front()};
+  uint64_t offset = 0;
+  for (size_t j = a; j-- > 0;) {
+    const Record& later = records_[j];
+    if (auto n = later.pos.find(k); n != later.pos.end()) return {1, offset + n->second.front()};
+    offset += later.keys.size();
+  }
+  if (it != ref.pos.end()) return {1, offset + it->second.front()};
   return {2, 0};
 }
 

@@ -58,6 +58,31 @@ TEST(TraceRecorder, AlternatingPromptsPredictTheOtherWorkflow) {
   EXPECT_EQ(t.next_use(w(1)), 3u);
 }
 
+// Three workflows in turn: after A come B and C, as the last time A ran, and
+// then A again.
+TEST(TraceRecorder, WorkflowsInTurnPredictTheCycle) {
+  TraceRecorder t;
+  prompt(t, {1, 2});     // A
+  prompt(t, {3, 4, 5});  // B
+  prompt(t, {6, 7});     // C
+  t.record(w(1));        // A again: follows A's record, the oldest
+  EXPECT_TRUE(t.following());
+  EXPECT_EQ(t.next_use(w(2)), 0u);
+  // The rest of A (1), then B at its positions.
+  EXPECT_EQ(t.next_use(w(3)), 1u);
+  EXPECT_EQ(t.next_use(w(5)), 3u);
+  // Then C, after all of B (3): not "never", as when only the next prompt counted.
+  EXPECT_EQ(t.next_use(w(6)), 4u);
+  EXPECT_EQ(t.next_use(w(7)), 5u);
+  // A's own key comes round after B and C (3 + 2).
+  EXPECT_EQ(t.next_use(w(1)), 6u);
+  EXPECT_EQ(t.next_use(w(9)), TraceRecorder::kNever);
+  const TraceRecorder::Rank c = t.rank(w(6)), a = t.rank(w(1)), b = t.rank(w(3));
+  EXPECT_EQ(c.cls, 1u);
+  EXPECT_LT(std::tie(b.cls, b.value), std::tie(c.cls, c.value));
+  EXPECT_LT(std::tie(c.cls, c.value), std::tie(a.cls, a.value));
+}
+
 TEST(TraceRecorder, DepartsOnAnUnknownWeightButSkipsUnknownPatches) {
   TraceRecorder t;
   prompt(t, {1, 2, 3});
