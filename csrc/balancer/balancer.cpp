@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "csrc/balancer/budget.h"
 #include "csrc/base/check.h"
 #include "csrc/base/nvtx.h"
 #include "csrc/base/saturate.h"
@@ -39,7 +40,10 @@ void Lease::filled() {
 // ------------------------------------------------------------------ Balancer
 
 Balancer::Balancer(const Config& config, HostPool& pool, MemoryProbe& probe)
-    : pool_(pool), gate_(pool, probe), config_(config), table_(config.policy) {}
+    : pool_(pool), gate_(pool, probe), config_(config), table_(config.policy) {
+  headroom_.store(config.headroom);
+  reserve_line_.store(pin_reserve_line(config));
+}
 
 Balancer::~Balancer() {
   std::vector<void*> blocks;
@@ -54,6 +58,8 @@ void Balancer::configure(const Config& config) {
   MutexLock g(mu_);
   config_ = config;
   table_.set_policy(config_.policy);
+  headroom_.store(config.headroom);
+  reserve_line_.store(pin_reserve_line(config));
 }
 
 Config Balancer::config() const {

@@ -150,6 +150,10 @@ class Balancer {
   size_t free(size_t bytes, bool evict_active = false, bool loaded = false) PINS_EXCLUDES(mu_);
   // The RAM-pressure check: frees (headroom - available) + relieve_slack when positive.
   size_t relieve() PINS_EXCLUDES(mu_);
+  // Note [Pressure from others] (budget.h): the available RAM under which the
+  // pressure monitor relieves. Takes no balancer lock (the pool's, a leaf, to
+  // read its committed bytes), so the monitor's thread holds none to ask.
+  uint64_t pressure_line() const PINS_EXCLUDES(mu_);
   // Drops pins whose source died, checking every pin (O(pins)); returns their bytes.
   size_t sweep() PINS_EXCLUDES(mu_);
   // Note [Dead source reclaim]: checks the next `checks` slots of the ring (each
@@ -268,6 +272,8 @@ class Balancer {
   // Registration ceiling: whether a new pin of `bytes` may be page-locked,
   // after dropping page-locks along the tiers if needed.
   bool ensure_lock_room(size_t bytes, const MemoryInfo& mi) PINS_EXCLUDES(mu_);
+  // relieve() but for what it records for pressure_line().
+  size_t relieve_to_headroom() PINS_EXCLUDES(mu_);
   void free_blocks(const std::vector<void*>& blocks) PINS_EXCLUDES(mu_);  // into the pool, outside mu_
   uint64_t prewarm_want_locked() const PINS_REQUIRES(mu_);
 
@@ -282,6 +288,13 @@ class Balancer {
   int64_t pressure_freed_ PINS_GUARDED_BY(mu_) = 0;  // SUM bytes freed by relieve()
   int64_t relieve_calls_ PINS_GUARDED_BY(mu_) = 0;   // COUNT
   std::atomic<int64_t> plain_copies_{0};              // COUNT casts without a model
+  // Note [Pressure from others]: the headroom and the pin reserve line as
+  // configured; the pool's committed bytes and available RAM when relieve()
+  // last ran (none yet: 0 and all of it).
+  std::atomic<uint64_t> headroom_{0};
+  std::atomic<uint64_t> reserve_line_{0};
+  std::atomic<uint64_t> relieved_committed_{0};
+  std::atomic<uint64_t> relieved_available_{UINT64_MAX};
 };
 
 }  // namespace pins

@@ -38,6 +38,10 @@ uint64_t relieve_free_goal(uint64_t shortfall, const Config& c) {
   return shortfall == 0 ? 0 : add_sat(shortfall, c.relieve_slack);
 }
 
+uint64_t pressure_line(uint64_t own_growth, uint64_t left, uint64_t headroom, uint64_t reserve_line) {
+  return sub_sat(std::min(headroom, left), std::min(own_growth, sub_sat(headroom, reserve_line)));
+}
+
 uint64_t prewarm_room(uint64_t available, uint64_t reserved, const Config& c) {
   return sub_sat(sub_sat(available, reserved), std::max(c.headroom, pin_reserve_line(c)));
 }

@@ -165,6 +165,14 @@ size_t Balancer::free(size_t bytes, bool evict_active, bool loaded) {
 }
 
 size_t Balancer::relieve() {
+  const size_t freed = relieve_to_headroom();
+  // Note [Pressure from others]: pins' growth from here on is their own.
+  relieved_committed_.store(pool_.committed_bytes());
+  relieved_available_.store(gate_.memory().available);
+  return freed;
+}
+
+size_t Balancer::relieve_to_headroom() {
   PINS_RANGE("pins::relieve");
   reclaim(kReclaimPerCall);  // Note [Dead source reclaim]: the monitor's polls reclaim too
   MemoryInfo mi = gate_.memory(/*fresh=*/true);
@@ -190,6 +198,15 @@ size_t Balancer::relieve() {
   MutexLock g(mu_);
   pressure_freed_ += static_cast<int64_t>(freed);
   return freed;
+}
+
+uint64_t Balancer::pressure_line() const {
+  const uint64_t committed = pool_.committed_bytes();
+  // A pin's block commits whole extents, which its admission did not see: one
+  // extent past the reserve line is still pins' own.
+  const uint64_t reserve_line = sub_sat(reserve_line_.load(), pool_.options().extent_min);
+  return pins::pressure_line(sub_sat(committed, relieved_committed_.load()), relieved_available_.load(),
+                             headroom_.load(), reserve_line);
 }
 
 }  // namespace pins

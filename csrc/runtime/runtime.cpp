@@ -79,7 +79,6 @@ Runtime::Runtime(const SourcedConfig& sc)
     : config_(sc.config),
       sources_(sc.sources),
       derived_(sc.derived),
-      headroom_(sc.config.headroom),
       share_(sc.config.share ? share::HostShare::attach(share::ShareOptions{sc.config.share_dir}) : nullptr),
       pool_(make_backend(sc.config.backend, sc.config.mlock), pool_options(sc.config)),
       probe_(std::make_unique<SystemMemoryProbe>(sc.config.system_root,
@@ -133,9 +132,10 @@ void Runtime::after_fork() PINS_NO_THREAD_SAFETY_ANALYSIS {
 
 std::unique_ptr<PressureMonitor> Runtime::start_monitor(uint64_t interval_ms, const std::string& root) {
   // The probe and the balancer outlive the monitor (see the member order);
-  // headroom_ is read without any lock (Note [Fork safety]).
+  // Its line is read without the balancer's lock (Note [Fork safety]); pins'
+  // own growth inside a node is not pressure (Note [Pressure from others]).
   return std::make_unique<PressureMonitor>(
-      *probe_, [this] { return headroom_.load(std::memory_order_relaxed); }, [this] { balancer_->relieve(); },
+      *probe_, [this] { return balancer_->pressure_line(); }, [this] { balancer_->relieve(); },
       std::chrono::milliseconds(interval_ms), root);
 }
 
@@ -182,7 +182,6 @@ void Runtime::configure(std::string_view conf) {
         (prewarmer_ != nullptr && prewarmer_->inherited()) || next.prewarm != config_.prewarm;
     config_ = next;
     for (const std::string& k : set) sources_.set(k, ConfigSource::Configure);
-    headroom_.store(next.headroom, std::memory_order_relaxed);
     pool_.set_cap(next.cap);
     probe_->set_max_age_ns(static_cast<int64_t>(next.memory_max_age_us) * 1000);
     balancer_->configure(next);

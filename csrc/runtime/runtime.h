@@ -23,9 +23,9 @@
 //    child's copy has no thread: monitor_running() says false, and the next
 //    configure() in the child replaces it, starting the child's own monitor
 //    when the configuration asks for one; the parent's monitor is untouched.
-//    Its headroom is read from an atomic of the runtime, not under the
-//    balancer's lock, so the monitor thread never holds that lock but to
-//    relieve pressure.
+//    Its line is read from atomics of the balancer (Balancer::pressure_line,
+//    Note [Pressure from others]), not under the balancer's lock, so the
+//    monitor thread never holds that lock but to relieve pressure.
 //  - The prewarm's thread (Note [Prewarm] in csrc/balancer/prewarm.h) is
 //    handled as the monitor's: the child's Prewarmer has none and never
 //    touches what the parent's thread waits on; wake_prewarm() does nothing
@@ -162,9 +162,6 @@ class Runtime {
   // the machine" was derived from.
   ConfigSources sources_ PINS_GUARDED_BY(mu_);
   const std::optional<DerivedBudget> derived_;
-  // config_.headroom for the monitor's thread, which reads it lock-free (Note
-  // [Fork safety]); written under mu_. Built before the monitor.
-  std::atomic<uint64_t> headroom_;
   // Declared in build order; destroyed in reverse: the balancer frees into the
   // pool and reads the probe, so both outlive it; the monitor calls the
   // balancer and reads the probe, so it goes first.

@@ -3,7 +3,10 @@
 //
 // Note [Pressure monitor wake-ups]
 // The thread checks probe.read().available against headroom() and calls
-// on_pressure() when it is below. It checks at start, then whenever it wakes:
+// on_pressure() when it is below. The runtime's headroom() is the balancer's
+// pressure line: the headroom less pins' own growth into their slack since the
+// last relief (Note [Pressure from others] in csrc/balancer/budget.h), so what
+// it sees is other processes' pressure. It checks at start, then whenever it wakes:
 //  - on a Linux PSI trigger on <root>/proc/pressure/memory ("some 100000
 //    1000000": 100 ms of memory stall within 1 s, POLLPRI; "some 200000
 //    2000000" where the kernel refuses 1 s windows to a process without

@@ -478,8 +478,9 @@ def replay_policy(policy: str, spec: dict, out_dir: str, progress: Progress, nru
     root = os.path.join(out_dir, f"replay_{policy}_system")
     spec["system_root"] = root
     # As pins-sim sets up its balancer: the trace's headroom, then --conf; its pool keeps no idle memory,
-    # and no monitor relieves between node boundaries (pins-sim has none; its polls would make the replay
-    # depend on timing). pin_reserve, unless --conf sets it, pins derives from the modelled meminfo, as
+    # and no monitor relieves between node boundaries: pins-sim models one checking after every cast, which
+    # changes nothing on this trace (Note [Pressure from others]), but its polls against a meminfo rewritten
+    # after every call would make the replay depend on timing. pin_reserve, unless --conf sets it, pins derives from the modelled meminfo, as
     # pins-sim does from the trace's RAM. A memory reading stands for DEMO_READING_AGE_US (Note [Demo machine]).
     # No prewarm (Note [Prewarm]), as in pins-sim, which has no thread: its commits, at its thread's pace,
     # would move the modelled page cache and make a run unrepeatable (--conf prewarm:true turns it on).

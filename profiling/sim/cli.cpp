@@ -33,7 +33,9 @@ const char* kUsage =
     "  --params FILE           model parameter list for \"params\" layers (default: profiling/data/model_params.csv)\n"
     "  --machine FIELD=VALUE   override a machine field, e.g. other_ram=6GiB (repeatable)\n"
     "  --conf TEXT             balancer configuration in PINS_CONF syntax, e.g. fast_disk:true\n"
-    "  --no-relieve            no RAM-pressure check at node boundaries\n"
+    "  --no-relieve            no RAM-pressure check at node boundaries, nor from the monitor\n"
+    "  --no-monitor            no modelled pressure monitor (it checks after every cast; Note [Pressure from others])\n"
+    "  --monitor-at-headroom   the monitor relieves below the headroom itself, pins' own slack included (as before)\n"
     "  --buffered-fills        pins filled through the page cache (a loader's mapping), not as load_file fills them\n"
     "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n"
     "  --suite                 replay the generated scenario suite instead of a trace (docs/SIMULATOR.md\n"
@@ -129,7 +131,9 @@ Options parse_args(const std::vector<std::string>& args) {
     else if (a == "--params") o.params = value();
     else if (a == "--machine") o.machine.push_back(value());
     else if (a == "--conf") o.replay.conf = value();
-    else if (a == "--no-relieve") o.replay.relieve = false;
+    else if (a == "--no-relieve") o.replay.relieve = o.replay.monitor = false;
+    else if (a == "--no-monitor") o.replay.monitor = false;
+    else if (a == "--monitor-at-headroom") o.replay.monitor_at_headroom = true;
     else if (a == "--buffered-fills") o.replay.direct_fills = false;
     else if (a == "--mark") {
       const std::string v = value();

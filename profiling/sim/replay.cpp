@@ -202,6 +202,10 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
           read_source(a);
           to_device(a.bytes, false);
         }
+        if (o.monitor && probe.read().available < (o.monitor_at_headroom ? c.headroom : bal.pressure_line())) {
+          rr.monitor_reliefs++;
+          bal.relieve();
+        }
       }
       bal.set_active(id, false);
       if (o.relieve) bal.relieve();

@@ -55,6 +55,7 @@ struct RunResult {
   uint64_t pageable_h2d_bytes = 0;
   uint64_t evicted_bytes = 0;
   uint64_t pinned_bytes = 0;  // level at the end of the run
+  int64_t monitor_reliefs = 0;  // COUNT reliefs the modelled pressure monitor ran (ReplayOptions::monitor)
   double disk_s = 0, copy_s = 0, h2d_s = 0;
   double time_s() const { return disk_s + copy_s + h2d_s; }
 };
@@ -72,6 +73,17 @@ struct ReplayOptions {
   // the page cache when it holds the weight (which then drops it), else from
   // the disk past the cache. False: through the page cache, as a plain read.
   bool direct_fills = true;
+  // The pressure monitor, on by default as in the runtime, modelled as checking
+  // after every cast, the soonest it could: below Balancer::pressure_line()
+  // (Note [Pressure from others]), it runs relieve(). Nothing but pins moves
+  // RAM inside a node here, so it fires only where a pin took available RAM
+  // past its own reserve line (a block that could not reuse the idle extents
+  // its admission counted as room): twice over every bundled trace, sequence
+  // and policy; RunResult::monitor_reliefs counts it.
+  bool monitor = true;
+  // The monitor's line the headroom itself, as before Note [Pressure from
+  // others]: it then frees pins' own growth into their slack within the node.
+  bool monitor_at_headroom = false;
   std::string conf;            // PINS_CONF-syntax overrides of the balancer's Config
 };
 

@@ -177,6 +177,7 @@ ojson to_json(const Trace& t, const SequenceResult& r) {
       x["pin_misses"] = rr.pin_misses;
       x["pin_fills"] = rr.pin_fills;
       x["refusals"] = rr.refusals;
+      x["monitor_reliefs"] = rr.monitor_reliefs;
       x["pin_hit_bytes"] = rr.pin_hit_bytes;
       x["page_cache_hit_bytes"] = rr.page_cache_hit_bytes;
       x["h2d_bytes"] = rr.h2d_bytes;

@@ -137,5 +137,22 @@ TEST(BudgetLock, DropGoalLeavesTheHysteresisAndThePin) {
   EXPECT_EQ(lock_drop_goal(20 * GiB, 1 * GiB, c), 19 * GiB);
 }
 
+// Note [Pressure from others]: the headroom (or what the last relief left)
+// less pins' own growth since, at most the slack down to the reserve line.
+TEST(BudgetPressure, TheMonitorsLineDiscountsPinsOwnSlack) {
+  const uint64_t h = 4 * GiB, line = 2 * GiB;
+  EXPECT_EQ(pressure_line(0, kMax, h, line), h) << "no growth: the headroom";
+  EXPECT_EQ(pressure_line(512 * MiB, kMax, h, line), h - 512 * MiB);
+  EXPECT_EQ(pressure_line(2 * GiB, kMax, h, line), 2 * GiB) << "all of the slack: the reserve line";
+  EXPECT_EQ(pressure_line(3 * GiB, kMax, h, line), 2 * GiB) << "never below the reserve line";
+  EXPECT_EQ(pressure_line(512 * MiB, 3 * GiB, h, line), 3 * GiB - 512 * MiB)
+      << "the relief could not reach the headroom: from what it left";
+  EXPECT_EQ(pressure_line(512 * MiB, 5 * GiB, h, line), h - 512 * MiB) << "more than the headroom left: the headroom";
+  EXPECT_EQ(pressure_line(1 * GiB, h, h, h), h) << "no slack (pin_reserve at the headroom): the headroom";
+  EXPECT_EQ(pressure_line(1 * GiB, h, h, 6 * GiB), h) << "a reserve line above the headroom: no slack";
+  EXPECT_EQ(pressure_line(kMax, 1 * GiB, h, 0), 0u) << "saturates at 0";
+  EXPECT_EQ(pressure_line(kMax, kMax, kMax, 0), 0u);
+}
+
 }  // namespace
 }  // namespace pins

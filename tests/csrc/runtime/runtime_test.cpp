@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "csrc/balancer/balancer.h"
 #include "csrc/base/check.h"
 #include "csrc/base/size.h"
 #include "tests/csrc/config/env.h"
@@ -153,6 +154,49 @@ TEST_F(RuntimeTest, TheMonitorIsOnByDefault) {
   EXPECT_EQ(rt.monitor_status().triggers, 0u) << "the fixture has plenty of RAM available";
 #endif
 }
+
+#if !defined(_WIN32)  // the test moves MemAvailable through its system root
+// Note [Pressure from others]: pins that take available RAM into their slack
+// inside a node (below the headroom, above the pin reserve line) are not
+// pressure to the monitor; another process's allocation on top of them is.
+// With the headroom as the monitor's line, the first phase relieved the pins.
+TEST_F(RuntimeTest, TheMonitorLeavesPinsOwnSlackAndRelievesOthersPressure) {
+  const auto set_available = [&](uint64_t bytes) {
+    root_.write("proc/meminfo", "MemTotal: 16777216 kB\nMemAvailable: " + std::to_string(bytes / KiB) +
+                                    " kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n");
+  };
+  const uint64_t before_pins = 1 * GiB + 256 * MiB;
+  set_available(before_pins);
+  Runtime rt(config("cap:2GiB,monitor:true,monitor_interval_ms:5,memory_max_age_us:0,headroom:1GiB,"
+                    "pin_reserve:512MiB,pin_slack:0,relieve_slack:0,prewarm:false,policy:mru"));
+  Balancer& b = rt.balancer();
+  const ModelId m = b.register_model("m", "cuda:0");
+  b.relieve();  // a node boundary, no pressure
+  for (uint64_t i = 0; i < 10; ++i) {  // 640 MiB: available RAM 640 MiB, below the 1 GiB headroom
+    Request r;
+    r.model = m;
+    r.key = PinKey{i + 1, 0, 64 * MiB};
+    r.bytes = 64 * MiB;
+    Lease l = b.acquire(r);
+    ASSERT_TRUE(l && l.needs_fill()) << "pin " << i;
+    l.filled();
+    set_available(before_pins - rt.pool().committed_bytes());  // what the system would say
+  }
+  ASSERT_EQ(b.stats().total.bytes, static_cast<int64_t>(640 * MiB));
+  EXPECT_LT(rt.probe().read().available, 1 * GiB);
+  const uint64_t woken = rt.monitor_status().wakeups;
+  ASSERT_TRUE(eventually([&] { return rt.monitor_status().wakeups >= woken + 5; }));
+  EXPECT_EQ(rt.monitor_status().triggers, 0u) << "pins' own slack taken for pressure";
+  EXPECT_EQ(b.stats().total.bytes, static_cast<int64_t>(640 * MiB));
+  EXPECT_EQ(b.stats().pressure_freed_bytes, 0);
+  // Another process takes 256 MiB: available RAM 384 MiB, below what pins left.
+  set_available(before_pins - 640 * MiB - 256 * MiB);
+  EXPECT_TRUE(eventually([&] { return b.stats().pressure_freed_bytes == static_cast<int64_t>(640 * MiB); }))
+      << "the monitor did not relieve: " << b.stats().pressure_freed_bytes;
+  EXPECT_GE(rt.monitor_status().triggers, 1u);
+  EXPECT_EQ(b.stats().total.bytes, 0);
+}
+#endif
 
 TEST_F(RuntimeTest, MonitorStartsStopsAndRestarts) {
   Runtime rt(config("monitor:true,monitor_interval_ms:5"));
