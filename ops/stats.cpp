@@ -261,7 +261,12 @@ std::string summary_kernel() {
   });
 }
 
+int64_t locked_bytes_kernel() {
+  return translate([] { return static_cast<int64_t>(Runtime::get().pool().stats().locked_bytes.current); });
+}
+
 static_assert(std::is_same_v<decltype(stats_kernel), decltype(stats)>);
+static_assert(std::is_same_v<decltype(locked_bytes_kernel), decltype(locked_bytes)>);
 static_assert(std::is_same_v<decltype(summary_kernel), decltype(summary)>);
 
 }  // namespace
@@ -276,9 +281,16 @@ std::string summary() {
   return op.call();
 }
 
+int64_t locked_bytes() {
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("pins::locked_bytes", "").typed<decltype(locked_bytes)>();
+  return op.call();
+}
+
 }  // namespace pins::ops
 
 TORCH_LIBRARY_FRAGMENT(pins, m) {
   m.def("stats() -> Dict(str, int)", &pins::ops::stats_kernel);
   m.def("summary() -> str", &pins::ops::summary_kernel);
+  m.def("locked_bytes() -> int", &pins::ops::locked_bytes_kernel);
 }

@@ -53,7 +53,7 @@ __all__ = [
     "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "end_node", "prompt",
     "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "load_file", "stats",
     "Stats",
-    "summary", "configure", "config", "config_sources", "library_path", "__version__",
+    "summary", "locked_bytes", "configure", "config", "config_sources", "library_path", "__version__",
 ]
 
 library_path = _library.library_path
@@ -294,6 +294,14 @@ def stats() -> Stats:
     once reads ``<name>#<id>`` for all but the lowest id, a name made only of
     digits always does)."""
     return Stats(_ops.stats())
+
+
+def locked_bytes() -> int:
+    """The bytes pins holds page-locked now: ``stats()["locked_bytes"]`` without
+    building every counter, for a check made before each page-lock of one's own
+    (ComfyUI's cap on pinned memory, which :mod:`torch_pins.comfy` counts pins'
+    bytes into)."""
+    return int(_ops.locked_bytes())
 
 
 def summary() -> str:

@@ -1255,7 +1255,7 @@ def _wrap_pin_registerable(original):
         if state is not None and mm is not None:
             cap = float(getattr(mm, "MAX_PINNED_MEMORY", -1))
             if cap > 0:  # ComfyUI's page-lock cap counts pins' page-locked bytes too
-                over = float(getattr(mm, "TOTAL_PINNED_MEMORY", 0)) + pins.stats()["locked_bytes"] + size - cap
+                over = float(getattr(mm, "TOTAL_PINNED_MEMORY", 0)) + pins.locked_bytes() + size - cap
                 if over > 0:
                     freed = int(pins.free_pins(min(int(over), _MAX_BYTES), bool(kwargs.get("evict_active", True))))
                     state.count("ram_freed_bytes", freed)

@@ -53,6 +53,7 @@ const std::set<std::string> kOps = {
     "free_pins",
     "stats",
     "summary",
+    "locked_bytes",
     "configure",
     "config",
     "config_sources",
@@ -89,6 +90,7 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_NO_THROW(handle("pins::summary").typed<decltype(pins::ops::summary)>());
   EXPECT_NO_THROW(handle("pins::free_pins").typed<decltype(pins::ops::free_pins)>());
   EXPECT_NO_THROW(handle("pins::stats").typed<decltype(pins::ops::stats)>());
+  EXPECT_NO_THROW(handle("pins::locked_bytes").typed<decltype(pins::ops::locked_bytes)>());
   EXPECT_NO_THROW(handle("pins::configure").typed<decltype(pins::ops::configure)>());
   EXPECT_NO_THROW(handle("pins::config").typed<decltype(pins::ops::config)>());
   EXPECT_NO_THROW(handle("pins::config_sources").typed<decltype(pins::ops::config_sources)>());

@@ -147,6 +147,23 @@ def run_with_conf(conf, code):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
 
 
+def test_locked_bytes_is_the_counter_of_stats():
+    # mlock page-locks the cpu backend's pins, so there is something to count
+    # without a GPU; locked_bytes() reads the one counter stats() also shows.
+    code = """if True:
+        import torch, torch_pins as p
+        assert p.locked_bytes() == 0
+        m = p.register_model("locked", "cpu")
+        p.cast_to_device(torch.randn(1 << 18), "cpu", model=m)
+        s = p.stats()
+        print(p.locked_bytes(), s["locked_bytes"], s["pinned_bytes"])
+        """
+    out = run_with_conf("backend:cpu,mlock:true", code)
+    assert out.returncode == 0, out.stderr
+    locked, counter, pinned = map(int, out.stdout.split())
+    assert locked == counter and locked >= pinned > 0
+
+
 def test_a_state_that_cannot_serve_is_a_runtime_error():
     # A fresh process whose memory probe reads a meminfo that does not exist:
     # the arguments are fine, the system cannot answer.

@@ -900,6 +900,9 @@ def test_a_page_lock_request_is_not_taken_for_ram_and_the_page_lock_cap_counts_p
     locked = comfy_env.pins.stats()["locked_bytes"]
     assert [c[1] for c in comfy_env.rec.calls if c[0] == "free_pins"] == [(4096 + locked, True)]
     assert asked == [4096]
+    # ComfyUI asks before each page-lock of its own (per layer, when it prefetches):
+    # one counter, not every counter.
+    assert "locked_bytes" in comfy_env.rec.names() and "stats" not in comfy_env.rec.names()
 
 
 # --- ComfyUI's own tracking drives the boundaries ---

@@ -13,6 +13,7 @@ def test_pool_is_cuda_backed_and_pins_are_pinned(pins, model):
     assert out.device.type == "cuda"
     assert torch.equal(out.cpu(), w)
     assert pins.stats()["locked_bytes"] > 0
+    assert pins.locked_bytes() == pins.stats()["locked_bytes"]
 
 
 @pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16])

@@ -4,8 +4,8 @@ import torch
 
 # Every op of the pins namespace has an opcheck below.
 CHECKED = {"cast_to_device", "cast_many_to_device", "register_model", "forget_model", "set_active", "mark_prompt",
-           "end_prompt", "end_node", "invalidate", "invalidate_model", "load_file", "free_pins", "stats", "summary", "configure",
-           "config", "config_sources"}
+           "end_prompt", "end_node", "invalidate", "invalidate_model", "load_file", "free_pins", "stats", "summary",
+           "locked_bytes", "configure", "config", "config_sources"}
 # Overloads besides "default": cast_to_device's out= variant.
 OVERLOADS = {"cast_to_device": ["default", "out"]}
 # torch.compile functionalizes a custom out= op from the release that tags it
@@ -114,6 +114,7 @@ def test_opcheck_invalidate(pins, model):
     ("free_pins", (0, False)),
     ("stats", ()),
     ("summary", ()),
+    ("locked_bytes", ()),
     ("configure", ("fast_disk:false",)),
     ("config", ()),
     ("config_sources", ()),
@@ -122,7 +123,7 @@ def test_opcheck_control_ops(pins, model, name, args):
     if args is None:
         args = {"set_active": (model, False), "mark_prompt": ([model],), "invalidate_model": (model,)}[name]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    if name in ("register_model", "stats", "summary", "config", "config_sources"):
+    if name in ("register_model", "stats", "summary", "locked_bytes", "config", "config_sources"):
         # Each call returns a new id / the counters of that moment, so eager and
         # traced runs cannot agree (and config's string, like summary's, is no
         # tensor the traced run can compare); the other checks still apply.

@@ -1,4 +1,4 @@
-// pins::stats, pins::summary (ops/stats.cpp).
+// pins::stats, pins::summary, pins::locked_bytes (ops/stats.cpp).
 #pragma once
 
 #include <ATen/core/Dict.h>
@@ -20,5 +20,10 @@ PINS_API c10::Dict<std::string, int64_t> stats();
 // A few lines for people: pins and bytes per subset, hits, misses and hit rate,
 // casts bypassed by reason, plain copies, what was freed, and one line per model.
 PINS_API std::string summary();
+
+// The pool's page-locked bytes now: stats()["locked_bytes"] without building
+// every counter (an application that checks its own page-lock cap before each
+// registration of its own, as ComfyUI's ensure_pin_registerable does).
+PINS_API int64_t locked_bytes();
 
 }  // namespace pins::ops
