@@ -24,13 +24,12 @@
 // 2026-12 only the one prompt after the active record counted, and a pin of any
 // prompt before the active record's workflow came round was never used again:
 // with three workflows in turn, the next workflow's pins ranked as never used.
-// The cycle alone reads 0.3-1.3% less in total on suite seeds 1-6, and puts 7
-// fewer of the 1,000 scenarios of seeds 1-5 over the lesser of lru and mru plus
-// a layer.) (The prediction
-// once took the nearest next use over every followed record; the active record
-// alone reads the same on the scenario suite and the bundled traces, within
-// 0.4% either way, less on one, and it keeps an order an index can hold: Note
-// [Trace index].)
+// With Note [Trace bypass], landed together, the suite reads 0.4-1.3% less in
+// total on seeds 1-6: docs/SIMULATOR.md, "Predicting a cycle, and the
+// bypass".) (The prediction once took the nearest next use over every
+// followed record; the active record alone reads the same on the scenario
+// suite and the bundled traces, within 0.4% either way, less on one, and it
+// keeps an order an index can hold: Note [Trace index].)
 //
 // Note [Trace bypass]
 // Belady's rule has two halves: evict what is used farthest, and do not cache
@@ -43,12 +42,11 @@
 // cache, and the pins the prompt needs sooner stay. The oracle bypasses the same
 // way. Patch pins are taken as before (Note [Miss cost]: a patch miss is a RAM
 // copy), and so are the idle cache pins (Note [Idle cache pins]); relieve(),
-// free() and the page-lock drops have no new pin and free as before. On top of
-// the cycle: 2 fewer of those 1,000 scenarios over the lesser of lru and mru
-// plus a layer, and 0-0.6% less in total on seeds 1-6 (docs/SIMULATOR.md,
-// "Predicting a cycle, and the bypass"). What a walk stopped by it already
-// freed stays freed: those pins were predicted to be used later than the new
-// one.
+// free() and the page-lock drops have no new pin and free as before. What a
+// walk stopped by it already freed stays freed: those pins were predicted to
+// be used later than the new one. With the cycle above, 63 -> 54 of the 1,000
+// scenarios of suite seeds 1-5 read more than the lesser of lru and mru plus a
+// layer (docs/SIMULATOR.md, "Predicting a cycle, and the bypass").
 //
 // Note [Trace index]
 // A prediction is next_use = rank's class and value read against the active
