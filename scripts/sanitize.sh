@@ -8,6 +8,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 status=0
+# Each step's wall time, as scripts/test.sh prints it.
+step_start=$SECONDS
+took() { echo "time $1: $((SECONDS - step_start)) s"; step_start=$SECONDS; }
 for kind in asan tsan; do
   case $kind in
     asan) flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" ;;
@@ -25,6 +28,7 @@ for kind in asan tsan; do
       echo "sanitize $kind $t: FAILED (log: $dir/$t.log)"; tail -30 "$dir/$t.log"; status=1
     fi
   done
+  took "sanitize $kind"
 done
 
 # The torch ops (libpins.so) and their C++ tests (pins_torch_tests, pins_ops_tests,
@@ -51,6 +55,7 @@ if [ -x .venv/bin/python ]; then
       echo "sanitize asan $t: FAILED (log: $dir/$t.log)"; tail -40 "$dir/$t.log"; status=1
     fi
   done
+  took "sanitize asan torch ops"
 else
   echo "sanitize asan torch ops: FAILED (no .venv with torch: run scripts/setup.sh)"; status=1
 fi
@@ -75,4 +80,5 @@ else
   echo "sanitize thread-safety pins_core: FAILED (log: $dir/analysis.log)"
   grep -E "error|warning" "$dir/analysis.log" | head -30; status=1
 fi
+took "thread-safety"
 exit $status
