@@ -89,7 +89,12 @@ struct Asker {
 // the prompt; a pin last used at or before it is idle. And a new cache pin of a
 // model never evicts its own model's pins of that subset: loading a model layer
 // by layer, evicting its own newest layer to pin the next gains nothing and
-// reads the disk once more (the walk skips them; the pin is refused instead).
+// reads the disk once more (the walk stops there; the pin is refused instead).
+// While the trace policy follows a record, Note [Trace bypass] decides instead,
+// by predicted next use: the layers the load pinned are used before the new
+// one and stay, but the pin of a layer that stayed on the device, which only an
+// older record used, may go. The rule kept it and refused a layer the model
+// loads every prompt, which then came from disk every prompt.
 class PinTable {
  public:
   explicit PinTable(PolicyKind policy);

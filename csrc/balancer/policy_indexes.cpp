@@ -73,8 +73,9 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
   const auto rest = [&](const Candidate& c) {
     if (idle.count(c.pin) != 0) return true;
     // Note [Idle cache pins]: a model being loaded does not evict its own
-    // layers for others of its own: the new pin is refused.
-    stopped = own(*c.pin) || sooner(*c.pin) || !visit(c);
+    // layers for others of its own: the new pin is refused. While the trace is
+    // followed, the bypass judges those pins like any other (Note [Trace bypass]).
+    stopped = (own(*c.pin) && !bypass) || sooner(*c.pin) || !visit(c);
     return !stopped;
   };
   const ReuseView reuse{&reuse_, clock_};

@@ -252,6 +252,43 @@ TEST(BalancerIdleCachePins, AModelBeingLoadedKeepsItsOwnCachePins) {
   f.bal.end_prompt();
 }
 
+// Note [Idle cache pins] under the trace policy: a layer that stayed on the
+// device (1, loaded once, never cast again) is predicted used only where an
+// older record used it, later than a layer the model loads each prompt (4), so
+// the load may take its pin (Note [Trace bypass]); mru keeps its own pins and
+// refuses 4 every prompt. The load's other layers (2, 3) stay pinned in both.
+TEST(BalancerIdleCachePins, UnderTheTraceALoadTakesItsOwnLayerThatStayedOnTheDevice) {
+  for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
+    SCOPED_TRACE(to_string(policy));
+    Config c = base_config();
+    c.policy = policy;
+    Fixture f(3, c);
+    const ModelId m = f.bal.register_model("m", "cuda:0");
+    const auto load = [&](std::initializer_list<uint64_t> layers) {
+      f.bal.mark_prompt({m});
+      int pinned = 0;
+      for (uint64_t k : layers) pinned += f.cast(f.req(m, k, Kind::Weights, true));
+      f.bal.end_prompt();
+      return pinned;
+    };
+    ASSERT_EQ(load({1, 2, 3}), 3);
+    EXPECT_EQ(load({2, 3, 4}), 2) << "no record uses 4 yet: refused";
+    const int third = load({2, 3, 4});
+    const int fourth = load({2, 3, 4});
+    EXPECT_TRUE(f.has(m, 2, Subset::WeightsLoaded) && f.has(m, 3, Subset::WeightsLoaded));
+    if (policy == PolicyKind::Trace) {
+      EXPECT_EQ(third, 3) << "4 took the pin of 1, which stayed on the device";
+      EXPECT_EQ(fourth, 3);
+      EXPECT_FALSE(f.has(m, 1, Subset::WeightsLoaded));
+      EXPECT_TRUE(f.has(m, 4, Subset::WeightsLoaded));
+    } else {
+      EXPECT_EQ(third, 2);
+      EXPECT_EQ(fourth, 2);
+      EXPECT_TRUE(f.has(m, 1, Subset::WeightsLoaded));
+    }
+  }
+}
+
 // free(loaded): ComfyUI's free_pins(loaded=True), room for a cache pin: tiers
 // 1-3 only, so the prompt's streaming pins stay even when evict_active says more.
 TEST(BalancerTiers, LoadedFreeSparesThePromptsStreamingPins) {
