@@ -8,6 +8,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 status=0
+# --build-only configures and builds every tree and runs nothing: CI starts it in
+# the background while pytest runs (scripts/test.sh, PINS_PREBUILD_SANITIZERS),
+# so these builds use the core pytest leaves idle, and make sanitize then only
+# runs the tests.
+build_only=0
+[ "${1:-}" = "--build-only" ] && build_only=1
 # Each step's wall time, as scripts/test.sh prints it.
 step_start=$SECONDS
 took() { echo "time $1: $((SECONDS - step_start)) s"; step_start=$SECONDS; }
@@ -20,6 +26,7 @@ for kind in asan tsan; do
   [ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja -DPINS_WITH_TORCH=OFF -DCMAKE_BUILD_TYPE=Debug \
     -DCMAKE_CXX_FLAGS="$flags -O1" >/dev/null
   cmake --build "$dir" --target pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests
+  [ $build_only = 1 ] && continue
   for t in pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests; do
     # The chaos test's workers run instrumented too: a quarter of its kills.
     if PINS_CHAOS_KILLS=50 "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
@@ -47,6 +54,7 @@ if [ -x .venv/bin/python ]; then
       -DCMAKE_CXX_FLAGS="$flags -O1" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
   fi
   cmake --build "$dir" --target pins_torch_tests pins_ops_tests pins_model_tests
+  [ $build_only = 1 ] && exit 0  # the thread-safety analysis is itself a build: make sanitize runs it
   for t in pins_torch_tests pins_ops_tests pins_model_tests; do
     if ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" PINS_MODEL_OPS=${PINS_MODEL_OPS:-10000} \
        "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then

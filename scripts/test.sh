@@ -19,6 +19,15 @@ took "layers"
 (cd build && ctest --output-on-failure --output-junit test-results/ctest.xml -j2) 
 ctest_rc=$?
 took "ctest"
+# CI (.ci/run) builds the sanitizer trees of make sanitize meanwhile, at a low
+# priority: pytest mostly waits on one Python process, and the timed C++ tests
+# above are done. Their result shows in make sanitize, which builds again what
+# failed here.
+prebuild=""
+if [ -n "${PINS_PREBUILD_SANITIZERS:-}" ]; then
+  nice -n 15 bash scripts/sanitize.sh --build-only > build/test-results/sanitize-prebuild.log 2>&1 &
+  prebuild=$!
+fi
 .venv/bin/python -m pytest -q tests/python --junitxml=build/test-results/pytest.xml
 pytest_rc=$?
 took "pytest"
@@ -58,6 +67,10 @@ took "hip"
 PINS_WINDOWS_JUNIT=build/test-results/windows.xml bash scripts/check_windows.sh
 windows_rc=$?
 took "windows"
+if [ -n "$prebuild" ]; then
+  wait "$prebuild" || echo "sanitizer prebuild failed (log: build/test-results/sanitize-prebuild.log)"
+  took "waiting for the sanitizer prebuild"
+fi
 .venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
   build/test-results/pytest-share.xml \
   build/test-results/fuzz.xml build/test-results/pytest-torch-2.14.xml build/test-results/hip.xml \
