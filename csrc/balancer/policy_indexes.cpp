@@ -82,7 +82,10 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
   // Note [Miss cost]: patch pins first (any tier for a new weight pin), then the weights.
   walk_eviction_order(models_, asker.target && !for_patch ? Reach::All : reach, policy_, trace_, rest, reuse,
                       kPatchSubsets);  // Note [Eviction walk]
-  if (!stopped && !for_patch) walk_eviction_order(models_, reach, policy_, trace_, rest, reuse, kWeightSubsets);
+  // Note [First-seen models]: a loaded layer of a model no record knows takes no weight pin.
+  const bool first_seen = for_cache && policy_ == PolicyKind::Trace && !trace_.knows_model(asker.model);
+  if (!stopped && !for_patch && !first_seen)
+    walk_eviction_order(models_, reach, policy_, trace_, rest, reuse, kWeightSubsets);
 }
 
 // ------------------------------------------------------------------ Note [Reuse policy]

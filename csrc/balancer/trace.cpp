@@ -65,6 +65,7 @@ void TraceRecorder::end_prompt() {
     Record rec;
     rec.keys = std::move(now_);
     for (uint32_t i = 0; i < rec.keys.size(); ++i) rec.pos[rec.keys[i]].push_back(i);
+    for (const TraceKey& k : rec.keys) rec.models.insert(k.model);
     records_.push_front(std::move(rec));
     if (records_.size() > kRecords) records_.pop_back();
     now_.clear();
@@ -76,6 +77,12 @@ void TraceRecorder::end_prompt() {
   }
   departed_ = records_.empty();
   generation_++;
+}
+
+bool TraceRecorder::knows_model(ModelId m) const {
+  for (const Record& r : records_)
+    if (r.models.count(m) != 0) return true;
+  return false;
 }
 
 void TraceRecorder::depart() {

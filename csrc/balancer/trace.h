@@ -70,6 +70,7 @@
 #include <deque>
 #include <limits>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "csrc/balancer/registry.h"
@@ -124,6 +125,8 @@ class TraceRecorder {
   uint64_t generation() const { return generation_; }
 
   size_t records() const { return records_.size(); }
+  // Whether a kept record accessed `m` (Note [First-seen models], pin_table.h).
+  bool knows_model(ModelId m) const;
   int64_t departures() const { return departures_; }
 
  private:
@@ -132,6 +135,7 @@ class TraceRecorder {
     std::unordered_map<TraceKey, std::vector<uint32_t>, TraceKeyHash> pos;  // ascending
     size_t cursor = 0;      // the current prompt follows it up to here
     bool departed = false;  // the current prompt left it
+    std::unordered_set<ModelId> models;  // every model of `keys`
   };
 
   std::vector<TraceKey> now_;                                  // this prompt's accesses

@@ -289,6 +289,33 @@ TEST(BalancerIdleCachePins, UnderTheTraceALoadTakesItsOwnLayerThatStayedOnTheDev
   }
 }
 
+// Note [First-seen models]: under the trace, a layer that stays on the device
+// of a model no record knows (a one-off workflow) takes no weight pin: the
+// pins of the workflow the records know stay. Its streamed layers may take
+// them, and once a record knows the model its loaded layers are pinned like any.
+// mru evicts for it at once.
+TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
+  for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
+    SCOPED_TRACE(to_string(policy));
+    Config c = base_config();
+    c.policy = policy;
+    Fixture f(3, c);
+    const ModelId a = f.bal.register_model("a", "cuda:0");
+    const ModelId b = f.bal.register_model("b", "cuda:0");
+    f.prompt(a, {1, 2, 3});
+    f.bal.mark_prompt({b});
+    const bool loaded = f.cast(f.req(b, 10, Kind::Weights, true));
+    EXPECT_EQ(loaded, policy == PolicyKind::Mru);
+    EXPECT_EQ(f.count(a, Subset::Weights), policy == PolicyKind::Trace ? 3 : 2);
+    EXPECT_TRUE(f.cast(f.req(b, 11))) << "a streamed layer of b takes a pin of a";
+    f.bal.end_prompt();
+    f.bal.mark_prompt({b});
+    EXPECT_TRUE(f.cast(f.req(b, 10, Kind::Weights, true))) << "b is known now";
+    EXPECT_TRUE(f.has(b, 10, Subset::WeightsLoaded));
+    f.bal.end_prompt();
+  }
+}
+
 // free(loaded): ComfyUI's free_pins(loaded=True), room for a cache pin: tiers
 // 1-3 only, so the prompt's streaming pins stay even when evict_active says more.
 TEST(BalancerTiers, LoadedFreeSparesThePromptsStreamingPins) {
