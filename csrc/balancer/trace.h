@@ -44,9 +44,9 @@
 // copy), and so are the idle cache pins (Note [Idle cache pins]). A model's
 // own cache pins, which a load of it otherwise never takes, it judges like any
 // other (on seeds 1-5, 53 -> 49 scenarios over min(lru, mru) + a layer).
-// relieve(), free() and the page-lock drops have no new pin and free as before. What a
-// walk stopped by it already freed stays freed: those pins were predicted to
-// be used later than the new one. With the cycle above, 63 -> 54 of the 1,000
+// relieve(), free() and the page-lock drops have no new pin and free as
+// before. What a walk stopped by it already freed stays freed: those pins were
+// predicted to be used later than the new one. With the cycle above, 63 -> 54 of the 1,000
 // scenarios of suite seeds 1-5 read more than the lesser of lru and mru plus a
 // layer (docs/SIMULATOR.md, "Predicting a cycle, and the bypass").
 //

@@ -63,6 +63,12 @@ Config base_config() {
   return c;
 }
 
+Config policy_config(PolicyKind policy) {
+  Config c = base_config();
+  c.policy = policy;
+  return c;
+}
+
 struct Fixture {
   explicit Fixture(uint64_t room_pins, Config c = base_config())
       : pool(make_null_backend(), pool_opts()), probe(pool, 64 * GiB, 2 * GiB + room_pins * U), bal(c, pool, probe) {}
@@ -260,9 +266,7 @@ TEST(BalancerIdleCachePins, AModelBeingLoadedKeepsItsOwnCachePins) {
 TEST(BalancerIdleCachePins, UnderTheTraceALoadTakesItsOwnLayerThatStayedOnTheDevice) {
   for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
     SCOPED_TRACE(to_string(policy));
-    Config c = base_config();
-    c.policy = policy;
-    Fixture f(3, c);
+    Fixture f(3, policy_config(policy));
     const ModelId m = f.bal.register_model("m", "cuda:0");
     const auto load = [&](std::initializer_list<uint64_t> layers) {
       f.bal.mark_prompt({m});
@@ -297,9 +301,7 @@ TEST(BalancerIdleCachePins, UnderTheTraceALoadTakesItsOwnLayerThatStayedOnTheDev
 TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
   for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
     SCOPED_TRACE(to_string(policy));
-    Config c = base_config();
-    c.policy = policy;
-    Fixture f(3, c);
+    Fixture f(3, policy_config(policy));
     const ModelId a = f.bal.register_model("a", "cuda:0");
     const ModelId b = f.bal.register_model("b", "cuda:0");
     f.prompt(a, {1, 2, 3});
@@ -336,9 +338,7 @@ TEST(BalancerTiers, LoadedFreeSparesThePromptsStreamingPins) {
 // Three models out of the prompt, loaded x, y, z: mru frees z first, lru x first.
 TEST(BalancerPolicy, MruAgainstLruOrder) {
   for (PolicyKind policy : {PolicyKind::Mru, PolicyKind::Lru}) {
-    Config c = base_config();
-    c.policy = policy;
-    Fixture f(6, c);
+    Fixture f(6, policy_config(policy));
     const ModelId x = f.bal.register_model("x", "cuda:0");
     const ModelId y = f.bal.register_model("y", "cuda:0");
     const ModelId z = f.bal.register_model("z", "cuda:0");
@@ -365,9 +365,7 @@ TEST(BalancerPolicy, MruAgainstLruOrder) {
 }
 
 TEST(BalancerPolicy, LruKeepsNoLoadedCache) {
-  Config c = base_config();
-  c.policy = PolicyKind::Lru;
-  Fixture f(8, c);
+  Fixture f(8, policy_config(PolicyKind::Lru));
   const ModelId m = f.bal.register_model("m", "cuda:0");
   ASSERT_TRUE(f.cast(f.req(m, 1, Kind::Weights, true)));
   EXPECT_TRUE(f.has(m, 1, Subset::Weights));
@@ -658,9 +656,7 @@ TEST(BalancerCeiling, DropsPageLocksAlongTheTiersKeepingMemory) {
 TEST(BalancerPolicy, TraceEvictsFarthestNextUse) {
   for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
     SCOPED_TRACE(to_string(policy));
-    Config c = base_config();
-    c.policy = policy;
-    Fixture f(3, c);  // room for three pins
+    Fixture f(3, policy_config(policy));  // room for three pins
     const ModelId m = f.bal.register_model("m", "cuda:0");
     f.prompt(m, {1, 2, 3, 4, 5});  // no record yet, so mru: 3 goes for 4, 4 for 5
     EXPECT_TRUE(f.has(m, 5, Subset::Weights));
@@ -691,9 +687,7 @@ TEST(BalancerPolicy, TraceEvictsFarthestNextUse) {
 TEST(BalancerPolicy, TraceBypassesAPinUsedLaterThanEveryVictim) {
   for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
     SCOPED_TRACE(to_string(policy));
-    Config c = base_config();
-    c.policy = policy;
-    Fixture f(2, c);  // room for two pins
+    Fixture f(2, policy_config(policy));  // room for two pins
     const ModelId m = f.bal.register_model("m", "cuda:0");
     const std::vector<uint64_t> loop = {1, 2, 3, 1, 2, 3};
     f.prompt(m, loop);  // no record yet: mru
@@ -717,9 +711,7 @@ TEST(BalancerPolicy, TraceBypassesAPinUsedLaterThanEveryVictim) {
 }
 
 TEST(BalancerPolicy, TraceFallsBackToMruWhenThePromptDeparts) {
-  Config c = base_config();
-  c.policy = PolicyKind::Trace;
-  Fixture f(3, c);
+  Fixture f(3, policy_config(PolicyKind::Trace));
   const ModelId m = f.bal.register_model("m", "cuda:0");
   for (uint64_t k : {1, 2, 3}) ASSERT_TRUE(f.cast(f.req(m, k)));
   f.bal.end_prompt();
@@ -738,19 +730,15 @@ TEST(BalancerPolicy, TraceIndexFollowsTheRecorder) {
   const uint64_t seed = std::random_device{}();
   std::printf("BalancerPolicy.TraceIndexFollowsTheRecorder seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  Config c = base_config();
-  c.policy = PolicyKind::Trace;
-  Fixture f(12, c);
+  Fixture f(12, policy_config(PolicyKind::Trace));
   const ModelId models[] = {f.bal.register_model("a", "cuda:0"), f.bal.register_model("b", "cuda:0"),
                             f.bal.register_model("c", "cuda:0")};
   int checked = 0;
   for (int prompt = 0; prompt < 80; ++prompt) {
     if (prompt == 40) {
-      c.policy = PolicyKind::Mru;  // a change of policy and back: the indexes go and come again
-      f.bal.configure(c);
+      f.bal.configure(policy_config(PolicyKind::Mru));  // a change of policy and back: the indexes go and come again
     } else if (prompt == 44) {
-      c.policy = PolicyKind::Trace;
-      f.bal.configure(c);
+      f.bal.configure(policy_config(PolicyKind::Trace));
     }
     const ModelId m = models[prompt % 2 == 0 ? 0 : (rng() % 3 == 0 ? 2 : 1)];
     f.bal.mark_prompt({m});
@@ -776,9 +764,7 @@ TEST(BalancerPolicy, TraceIndexFollowsTheRecorder) {
 // Note [Trace policy]: a pin that the last prompt did not use goes before one it
 // did, even when the older record used it first (a seed change after a full run).
 TEST(BalancerPolicy, TracePredictsTheNextPromptFromTheLastOne) {
-  Config c = base_config();
-  c.policy = PolicyKind::Trace;
-  Fixture f(3, c);
+  Fixture f(3, policy_config(PolicyKind::Trace));
   const ModelId m = f.bal.register_model("m", "cuda:0");
   auto run = [&](std::vector<uint64_t> keys) { f.prompt(m, keys); };
   run({1, 2, 3, 4});  // 1: the text encoder; no record yet: mru drops 3 for 4
@@ -794,9 +780,7 @@ TEST(BalancerPolicy, TracePredictsTheNextPromptFromTheLastOne) {
 // workflow now running predicts its accesses, and the other one, which followed
 // it last time, predicts what comes after.
 TEST(BalancerPolicy, TraceFollowsAlternatingWorkflows) {
-  Config c = base_config();
-  c.policy = PolicyKind::Trace;
-  Fixture f(2, c);
+  Fixture f(2, policy_config(PolicyKind::Trace));
   const ModelId m = f.bal.register_model("m", "cuda:0");
   auto run = [&](std::vector<uint64_t> keys) { f.prompt(m, keys); };
   run({1, 2});  // workflow A
@@ -821,9 +805,7 @@ TEST(BalancerPolicy, TraceFollowsAlternatingWorkflows) {
 // A LoRA swap changes the patch tensors, not the order of the weights: the
 // prompt keeps following the record.
 TEST(BalancerPolicy, TraceSkipsPatchesOfAnotherSignature) {
-  Config c = base_config();
-  c.policy = PolicyKind::Trace;
-  Fixture f(8, c);
+  Fixture f(8, policy_config(PolicyKind::Trace));
   const ModelId m = f.bal.register_model("m", "cuda:0");
   for (int64_t sig : {11, 12}) {
     f.bal.mark_prompt({m});
@@ -845,9 +827,7 @@ TEST(BalancerPolicy, TraceRecordsAreBounded) {
   mru.prompt(a, {1, 2, 3});
   EXPECT_EQ(mru.bal.stats().trace_records, 0) << "mru needs no record";
 
-  Config c = base_config();
-  c.policy = PolicyKind::Trace;
-  Fixture f(8, c);
+  Fixture f(8, policy_config(PolicyKind::Trace));
   const ModelId m = f.bal.register_model("m", "cuda:0");
   f.prompt(m, {1, 2, 3});
   EXPECT_EQ(f.bal.stats().trace_records, 1);
