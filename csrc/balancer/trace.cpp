@@ -14,12 +14,13 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
   // A prompt longer than the limit (or a process that never ends one) keeps no
   // record, so memory stays bounded.
   if (now_.size() < kLimit) {
-    now_first_.emplace(k, static_cast<uint32_t>(now_.size()));
+    Seen& seen = now_first_.try_emplace(k, Seen{static_cast<uint32_t>(now_.size()), 0}).first->second;
+    seen.count++;
+    find_conditioning(k, seen);
     now_.push_back(k);
   } else if (!overflow_) {
     overflow_ = true;
-    now_ = {};
-    now_first_ = {};
+    clear_now(/*release=*/true);
     generation_++;  // a rerun's class 1 ranks came from now_first_
   }
   if (departed_) return;
@@ -56,11 +57,35 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
   }
 }
 
+void TraceRecorder::find_conditioning(const TraceKey& k, const Seen& seen) {
+  const uint32_t at = static_cast<uint32_t>(now_.size());
+  if (!looped_ && seen.count == kLoopPasses) {
+    // The loop starts at the key's first access: who ran only before it.
+    looped_ = true;
+    for (const auto& [m, last] : now_last_)
+      if (last < seen.first) conditioning_.insert(m);
+    if (!conditioning_.empty()) generation_++;
+  }
+  if (conditioning_.erase(k.model) != 0) generation_++;  // it runs after the loop too
+  now_last_[k.model] = at;
+}
+
+void TraceRecorder::clear_now(bool release) {
+  if (release) {
+    now_ = {};
+    now_first_ = {};
+  }
+  now_.clear();
+  now_first_.clear();
+  now_last_.clear();
+  conditioning_.clear();
+  looped_ = false;
+}
+
 void TraceRecorder::end_prompt() {
   if (overflow_) {
     overflow_ = false;
-    now_ = {};
-    now_first_ = {};
+    clear_now(/*release=*/true);
   } else if (!now_.empty()) {
     Record rec;
     rec.keys = std::move(now_);
@@ -68,8 +93,7 @@ void TraceRecorder::end_prompt() {
     for (const TraceKey& k : rec.keys) rec.models.insert(k.model);
     records_.push_front(std::move(rec));
     if (records_.size() > kRecords) records_.pop_back();
-    now_.clear();
-    now_first_.clear();
+    clear_now(/*release=*/false);
   }
   for (Record& rec : records_) {
     rec.cursor = 0;
@@ -103,7 +127,10 @@ TraceRecorder::Rank TraceRecorder::rank(const TraceKey& k) const {
   // last time come again in their order, then the active one's workflow
   // (Note [Trace policy]).
   if (a == 0) {
-    if (auto f = now_first_.find(k); f != now_first_.end()) return {1, f->second};
+    // Note [Cached conditioning]: the next rerun takes the conditioning from the
+    // application's cache; the one after it runs it again.
+    if (auto f = now_first_.find(k); f != now_first_.end())
+      return {1, (conditioning(k.model) ? ref.keys.size() : 0) + f->second.first};
     if (it != ref.pos.end()) return {1, ref.keys.size() + it->second.front()};
     return {2, 0};
   }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <optional>
@@ -315,6 +316,50 @@ TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
     EXPECT_TRUE(f.cast(f.req(b, 10, Kind::Weights, true))) << "b is known now";
     EXPECT_TRUE(f.has(b, 10, Subset::WeightsLoaded));
     f.bal.end_prompt();
+  }
+}
+
+// Note [Cached conditioning]: an encoder e (one layer), a sampler s (one
+// streamed layer, `passes` steps) and a VAE v (two layers that stay on the
+// device), room for three pins. In the rerun, once the sampler looped, the
+// trace predicts that the next prompt (a seed change) takes e's output from the
+// application's cache: v's second layer takes e's pin, and the seed change
+// finds all it casts pinned. Two passes are no loop: e keeps its pin and v's
+// second layer is refused, as it was in the first prompt.
+TEST(BalancerPolicy, TraceGivesARerunsConditioningPinToTheLayersAfterTheLoop) {
+  for (int passes : {3, 2}) {
+    SCOPED_TRACE(passes);
+    Fixture f(3, policy_config(PolicyKind::Trace));
+    const ModelId e = f.bal.register_model("e", "cuda:0");
+    const ModelId s = f.bal.register_model("s", "cuda:0");
+    const ModelId v = f.bal.register_model("v", "cuda:0");
+    const auto run = [&](bool encode) {  // whether each cast was served from a pin
+      std::vector<bool> served;
+      const auto node = [&](ModelId m, std::initializer_list<uint64_t> keys, bool resident, int times) {
+        f.bal.set_active(m, true);
+        for (int i = 0; i < times; ++i)
+          for (uint64_t k : keys) served.push_back(f.cast(f.req(m, k, Kind::Weights, resident)));
+        f.bal.set_active(m, false);
+      };
+      f.bal.mark_prompt(encode ? std::vector<ModelId>{e, s, v} : std::vector<ModelId>{s, v});
+      if (encode) node(e, {1}, true, 1);
+      node(s, {10}, false, passes);
+      node(v, {20, 21}, true, 1);
+      f.bal.end_prompt();
+      return served;
+    };
+    const std::vector<bool> first = run(true);
+    EXPECT_FALSE(first.back()) << "no record yet: v's second layer is refused";
+    const std::vector<bool> rerun = run(true);
+    EXPECT_EQ(rerun.back(), passes == 3);
+    EXPECT_EQ(f.has(e, 1, Subset::WeightsLoaded), passes == 2);
+    EXPECT_EQ(f.has(v, 21, Subset::WeightsLoaded), passes == 3);
+    if (passes == 3) {
+      EXPECT_TRUE(f.has(v, 20, Subset::WeightsLoaded) && f.has(s, 10, Subset::Weights))
+          << "the seed change's every layer is pinned before it starts";
+      const std::vector<bool> seed = run(false);
+      EXPECT_EQ(std::count(seed.begin(), seed.end(), true), static_cast<long>(seed.size()));
+    }
   }
 }
 

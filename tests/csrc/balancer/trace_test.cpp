@@ -149,6 +149,76 @@ TEST(TraceRecorder, RankOrdersAsNextUse) {
   EXPECT_EQ(t.rank(w(9)).cls, 2u) << "never";
 }
 
+// Note [Cached conditioning]: an encoder (model 1) runs once, then a sampler
+// (model 2) loops three times, then a VAE (model 3) runs once.
+TraceKey of(ModelId m, uint64_t storage) { return TraceKey{m, Kind::Weights, PinKey{storage, 0, 1}}; }
+
+void workflow(TraceRecorder& t, int sampler_passes, bool encode_after = false) {
+  t.record(of(1, 10));
+  t.record(of(1, 11));
+  for (int i = 0; i < sampler_passes; ++i) {
+    t.record(of(2, 20));
+    t.record(of(2, 21));
+  }
+  if (encode_after) t.record(of(1, 10));
+  t.record(of(3, 30));
+}
+
+TEST(TraceRecorder, ARerunPredictsItsConditioningAfterTheNextPrompt) {
+  TraceRecorder t;
+  workflow(t, 3);
+  t.end_prompt();
+  workflow(t, 3);  // follows the record to its end
+  ASSERT_TRUE(t.following());
+  EXPECT_TRUE(t.conditioning(1));
+  EXPECT_FALSE(t.conditioning(2)) << "the sampler";
+  EXPECT_FALSE(t.conditioning(3)) << "the VAE runs after the loop";
+  // Record length 9: the sampler and the VAE are next used in the next prompt
+  // (at 2 and 8), the encoder in the one after it (9 + 0).
+  EXPECT_EQ(t.next_use(of(2, 20)), 2u);
+  EXPECT_EQ(t.next_use(of(3, 30)), 8u);
+  EXPECT_EQ(t.next_use(of(1, 10)), 9u);
+  EXPECT_EQ(t.next_use(of(1, 11)), 10u);
+  EXPECT_GT(t.next_use(of(1, 10)), t.next_use(of(3, 30)));
+}
+
+TEST(TraceRecorder, NoConditioningBeforeTheLoopNorForAModelThatRunsAfterIt) {
+  TraceRecorder t;
+  workflow(t, 3);
+  t.end_prompt();
+  // Two passes (an encoder's positive and negative prompt) are not a loop yet.
+  t.record(of(1, 10));
+  t.record(of(1, 11));
+  for (int i = 0; i < 2; ++i) {
+    t.record(of(2, 20));
+    t.record(of(2, 21));
+  }
+  EXPECT_FALSE(t.conditioning(1));
+  EXPECT_EQ(t.next_use(of(1, 10)), 3u) << "the rest of the record (3), then first in the next prompt";
+  const uint64_t gen = t.generation();
+  t.record(of(2, 20));  // the third pass: the loop
+  ASSERT_TRUE(t.following());
+  EXPECT_TRUE(t.conditioning(1));
+  EXPECT_GT(t.generation(), gen) << "the conditioning set moved every rank of its models";
+  // The encoder runs again after the sampler: it is not conditioning.
+  t.record(of(1, 10));
+  EXPECT_FALSE(t.conditioning(1));
+  t.end_prompt();
+  EXPECT_FALSE(t.conditioning(1)) << "a new prompt starts with none";
+}
+
+TEST(TraceRecorder, OnlyARerunPredictionDefersTheConditioning) {
+  TraceRecorder t;
+  workflow(t, 3);    // A
+  t.end_prompt();
+  prompt(t, {7, 8});  // B, model 0
+  workflow(t, 3);    // A again: follows A's record, the older one
+  EXPECT_TRUE(t.conditioning(1));
+  // B followed A last time and A comes after it: the encoder's next use is
+  // the rest of A (0), B (2) and its position in A (0), as without the rule.
+  EXPECT_EQ(t.next_use(of(1, 10)), 2u);
+}
+
 // Note [Trace index]: within one generation, a key whose rank an access changes
 // is among the keys record() reports as moved; a change of the active record
 // changes the generation. Random prompts over a few keys: reruns, prefixes,
@@ -158,8 +228,10 @@ TEST(TraceRecorder, RecordReportsEveryKeyWhoseRankMoved) {
   std::printf("TraceRecorder.RecordReportsEveryKeyWhoseRankMoved seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   std::vector<TraceKey> universe;
-  for (uint64_t k = 1; k <= 12; ++k) universe.push_back(w(k));
-  for (uint64_t k = 1; k <= 4; ++k) universe.push_back(patch(100 + k));
+  // Keys of three models, so that some prompts have conditioning models (Note
+  // [Cached conditioning]).
+  for (uint64_t k = 1; k <= 12; ++k) universe.push_back(TraceKey{static_cast<ModelId>(k % 3), Kind::Weights, w(k).key});
+  for (uint64_t k = 1; k <= 4; ++k) universe.push_back(TraceKey{static_cast<ModelId>(k % 3), Kind::Patches, patch(100 + k).key});
   TraceRecorder t;
   std::vector<std::vector<TraceKey>> past;
   std::vector<TraceKey> moved;
