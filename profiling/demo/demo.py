@@ -55,11 +55,13 @@ DEFAULT_OUT = os.path.join("build", "demo")
 DEMO_READING_AGE_US = 5000
 POLICIES = ("none", "lru", "mru", "trace", "reuse")
 DEFAULT_POLICIES = ("none", "lru", "mru", "trace")  # reuse on request (--policy)
-# The balancer's fixed byte constants (defaults: 2 GiB, 256 MiB, 512 MiB, sized
-# for 16-64 GiB machines) divided by 24 like every size of the default trace,
-# whose machine is the full-size WAN trace's divided by 24. Used with that trace
-# unless --conf says otherwise; another trace gets the library's defaults.
-DEFAULT_TRACE_CONF = "pin_reserve:85MiB,pin_slack:11MiB,relieve_slack:21MiB"
+# The balancer's byte constants of the full-size WAN trace's 32 GiB machine
+# (pin_reserve 1 GiB as pins derives it, Note [Derived budget]; the fixed
+# pin_slack 256 MiB and relieve_slack 512 MiB) divided by 24 like every size of
+# the default trace, whose machine (the headroom included) is that one divided
+# by 24. Used with that trace unless --conf says otherwise; another trace gets
+# the library's defaults.
+DEFAULT_TRACE_CONF = "pin_reserve:43MiB,pin_slack:11MiB,relieve_slack:21MiB"
 # Keys a model entry of a trace uses for its size; --files replaces them with "layers".
 _SIZE_KEYS = ("params", "group", "max_layer_bytes", "bytes_per_param", "layers", "bytes", "layer_count")
 USAGE_ERROR = 2
