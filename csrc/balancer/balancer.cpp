@@ -58,8 +58,15 @@ void Balancer::configure(const Config& config) {
   MutexLock g(mu_);
   config_ = config;
   table_.set_policy(config_.policy);
-  headroom_.store(config.headroom);
-  reserve_line_.store(pin_reserve_line(config));
+  const uint64_t was_headroom = headroom_.exchange(config.headroom);
+  const uint64_t was_reserve_line = reserve_line_.exchange(pin_reserve_line(config));
+  const bool budget_moved = was_headroom != config.headroom || was_reserve_line != pin_reserve_line(config);
+  // Note [Pressure from others]: what pins took under another budget is not
+  // their slack under this one: the next check measures against the headroom.
+  if (budget_moved) {
+    relieved_committed_.store(pool_.committed_bytes());
+    relieved_available_.store(UINT64_MAX);
+  }
 }
 
 Config Balancer::config() const {

@@ -185,7 +185,9 @@ size_t Balancer::relieve_to_headroom() {
   // pressure, available RAM goes back to headroom + relieve_slack, idle memory
   // first: the slack kept idle would leave it at the headroom, where another
   // process's next allocation takes it below again before the next check.
-  if (relieve_shortfall(mi.available, c) == 0) {
+  // Note [Pressure from others]: what pins alone took below the headroom,
+  // within their slack, is no pressure at a boundary either.
+  if (relieve_shortfall(mi.available, c) == 0 || mi.available >= pressure_line()) {
     gate_.keep_warm(mi, c.headroom);
     return 0;
   }

@@ -67,12 +67,12 @@
 // encode after sampling) leaves the set. Each change of the set is a new
 // generation (Note [Trace index]). A prompt that does change the text runs the
 // encoder from its source, as it would had its pins gone to the next prompt's
-// sampler. On suite seeds 1-5 the trace reads 0.1% less in total and 39 -> 38
-// scenarios read more than min(lru, mru) plus a layer; on the demo trace, at
-// the budget pins derives (Note [Derived budget]), runs 2-9 read 10.83 ->
-// 10.43 GiB (the seed change after the rerun 1.51 -> 1.19); on the full-size
-// WAN 2.2 trace's rerun and prompt-change sequences, which run the encoder
-// every prompt, 1.6% more (docs/SIMULATOR.md, "Cached conditioning").
+// sampler. When it landed, on suite seeds 1-5 the trace read 0.1% less in
+// total and 39 -> 38 scenarios read more than min(lru, mru) plus a layer; on
+// the demo trace, at the budget pins derives (Note [Derived budget]), runs 2-9
+// read 10.83 -> 10.43 GiB (the seed change after the rerun 1.51 -> 1.19); on
+// the full-size WAN 2.2 trace's rerun and prompt-change sequences, which run
+// the encoder every prompt, 1.6% more (docs/SIMULATOR.md, "Cached conditioning").
 //
 // Note [Trace index]
 // A prediction is next_use = rank's class and value read against the active

@@ -35,7 +35,7 @@ const char* kUsage =
     "  --conf TEXT             balancer configuration in PINS_CONF syntax, e.g. fast_disk:true\n"
     "  --no-relieve            no RAM-pressure check at node boundaries, nor from the monitor\n"
     "  --no-monitor            no modelled pressure monitor (it checks after every cast; Note [Pressure from others])\n"
-    "  --monitor-at-headroom   the monitor relieves below the headroom itself, pins' own slack included (as before)\n"
+    "  --monitor-at-headroom   the monitor calls relieve() below the headroom itself (as before), which leaves pins' own slack\n"
     "  --buffered-fills        pins filled through the page cache (a loader's mapping), not as load_file fills them\n"
     "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n"
     "  --suite                 replay the generated scenario suite instead of a trace (docs/SIMULATOR.md\n"

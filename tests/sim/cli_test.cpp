@@ -273,11 +273,11 @@ TEST(SimCli, TheMonitorLeavesPinsOwnSlack) {
   EXPECT_EQ(reliefs, 0);
   EXPECT_EQ(none, 0);
   EXPECT_EQ(with_monitor, without);
+  // A monitor at the headroom calls relieve() whenever pins are in their own
+  // slack, and relieve() leaves it to them as a boundary does (Note [Pressure
+  // from others]); before 2026-12 it freed it and read over 1 GiB more here.
   EXPECT_GT(at_headroom_reliefs, 0);
-  for (const char* p : {"mru", "trace"}) {
-    SCOPED_TRACE(p);
-    EXPECT_GT(at_headroom.at(p), with_monitor.at(p) + (1ull << 30)) << "the headroom line frees pins' own slack";
-  }
+  EXPECT_EQ(at_headroom, with_monitor);
 }
 
 // --suite (profiling/sim/suite.h): the report, errors naming the argument, and

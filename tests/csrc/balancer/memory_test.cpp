@@ -110,6 +110,7 @@ TEST(BalancerWarmMemory, AnEvictedPinsMemoryStaysCommittedForTheNextPin) {
 TEST(BalancerWarmMemory, FreeKeepsAboveTheHeadroomAndRelieveGivesIdleMemoryBackFirst) {
   Fixture f(/*room_pins=*/38, /*max_age_ns=*/0);  // 2 GiB + 38U = 4 GiB + 6U free before pins
   for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_EQ(f.bal.relieve(), 0u);  // a boundary above the headroom (Note [Pressure from others])
   // Evicting two pins keeps their memory: available (4 GiB + 2U) stays above the headroom (4 GiB).
   EXPECT_EQ(f.bal.free(2 * U), 2 * U);
   EXPECT_EQ(f.pool.idle_bytes(), 2 * U);
@@ -132,6 +133,7 @@ TEST(BalancerWarmMemory, RelieveGivesTheSlackBackToTheSystem) {
   c.relieve_slack = 2 * U;
   Fixture f(/*room_pins=*/38, /*max_age_ns=*/0, c);  // 2 GiB + 38U = 4 GiB + 6U free before pins
   for (uint64_t k = 0; k < 6; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_EQ(f.bal.relieve(), 0u);  // a boundary at the headroom (Note [Pressure from others])
   EXPECT_EQ(f.bal.free(U), U);  // available 4 GiB + U: above the headroom, kept warm
   EXPECT_EQ(f.pool.idle_bytes(), U);
   // Short of the headroom by U: the idle pin's worth goes back, and so do
@@ -144,6 +146,41 @@ TEST(BalancerWarmMemory, RelieveGivesTheSlackBackToTheSystem) {
   EXPECT_EQ(f.bal.free(U), U);
   EXPECT_EQ(f.bal.relieve(), 0u);
   EXPECT_EQ(f.pool.idle_bytes(), U);
+}
+
+// Note [Pressure from others]: what pins alone took below the headroom (down
+// to the pin reserve line, as admission allows) stays through a boundary's
+// relieve(); another process's allocation on top of it brings available RAM
+// back to headroom + relieve_slack.
+TEST(BalancerWarmMemory, ABoundaryKeepsWhatPinsAloneTookBelowTheHeadroom) {
+  Config c = config();
+  c.relieve_slack = U;
+  Fixture f(/*room_pins=*/40, /*max_age_ns=*/0, c);  // 2 GiB + 40U = 4 GiB + 8U free before pins
+  EXPECT_EQ(f.bal.relieve(), 0u);
+  for (uint64_t k = 0; k < 12; ++k) ASSERT_TRUE(f.cast(k));
+  ASSERT_EQ(f.probe.read().available, 4 * GiB - 4 * U) << "pins took 4U of the headroom";
+  EXPECT_EQ(f.bal.relieve(), 0u) << "pins' own slack is no pressure";
+  EXPECT_EQ(f.bal.pins().size(), 12u);
+  EXPECT_EQ(f.bal.relieve(), 0u) << "nor at the next boundary";
+  f.probe.free_ -= U;  // another process takes U
+  EXPECT_EQ(f.bal.relieve(), 6 * U) << "back to headroom + relieve_slack";
+  EXPECT_EQ(f.bal.pins().size(), 6u);
+  EXPECT_EQ(f.probe.read().available, 4 * GiB + U);
+}
+
+// A new budget (configure()) measures what pins hold against its own headroom:
+// what they took as their slack under the former one is not theirs under it.
+TEST(BalancerWarmMemory, ANewHeadroomTakesBackThePinsSlack) {
+  Config c = config();
+  c.relieve_slack = U;
+  Fixture f(/*room_pins=*/40, /*max_age_ns=*/0, c);  // 4 GiB + 8U free before pins
+  EXPECT_EQ(f.bal.relieve(), 0u);
+  for (uint64_t k = 0; k < 12; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_EQ(f.bal.relieve(), 0u) << "available 4 GiB - 4U: pins' own slack";
+  c.headroom = 4 * GiB + 2 * U;
+  f.bal.configure(c);
+  EXPECT_EQ(f.bal.relieve(), 7 * U) << "to the new headroom + relieve_slack";
+  EXPECT_EQ(f.probe.read().available, 4 * GiB + 3 * U);
 }
 
 TEST(BalancerWarmMemory, BelowTheHeadroomFreeGivesTheMemoryBack) {
