@@ -58,12 +58,12 @@ void Balancer::configure(const Config& config) {
   MutexLock g(mu_);
   config_ = config;
   table_.set_policy(config_.policy);
-  const uint64_t was_headroom = headroom_.exchange(config.headroom);
-  const uint64_t was_reserve_line = reserve_line_.exchange(pin_reserve_line(config));
-  const bool budget_moved = was_headroom != config.headroom || was_reserve_line != pin_reserve_line(config);
+  const uint64_t reserve_line = pin_reserve_line(config);
+  const bool headroom_moved = headroom_.exchange(config.headroom) != config.headroom;
+  const bool reserve_moved = reserve_line_.exchange(reserve_line) != reserve_line;
   // Note [Pressure from others]: what pins took under another budget is not
   // their slack under this one: the next check measures against the headroom.
-  if (budget_moved) {
+  if (headroom_moved || reserve_moved) {
     relieved_committed_.store(pool_.committed_bytes());
     relieved_available_.store(UINT64_MAX);
   }

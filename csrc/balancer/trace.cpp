@@ -58,16 +58,15 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
 }
 
 void TraceRecorder::find_conditioning(const TraceKey& k, const Seen& seen) {
-  const uint32_t at = static_cast<uint32_t>(now_.size());
   if (!looped_ && seen.count == kLoopPasses) {
-    // The loop starts at the key's first access: who ran only before it.
+    // The loop starts at the key's first access: the models of the accesses
+    // before it that no access since has. Once a prompt, from now_ itself.
     looped_ = true;
-    for (const auto& [m, last] : now_last_)
-      if (last < seen.first) conditioning_.insert(m);
+    for (uint32_t i = 0; i < seen.first; ++i) conditioning_.insert(now_[i].model);
+    for (size_t i = seen.first; i < now_.size(); ++i) conditioning_.erase(now_[i].model);
     if (!conditioning_.empty()) generation_++;
   }
-  if (conditioning_.erase(k.model) != 0) generation_++;  // it runs after the loop too
-  now_last_[k.model] = at;
+  if (!conditioning_.empty() && conditioning_.erase(k.model) != 0) generation_++;  // it runs after the loop too
 }
 
 void TraceRecorder::clear_now(bool release) {
@@ -77,7 +76,6 @@ void TraceRecorder::clear_now(bool release) {
   }
   now_.clear();
   now_first_.clear();
-  now_last_.clear();
   conditioning_.clear();
   looped_ = false;
 }

@@ -173,9 +173,8 @@ class TraceRecorder {
   };
   std::vector<TraceKey> now_;                                  // this prompt's accesses
   std::unordered_map<TraceKey, Seen, TraceKeyHash> now_first_;  // each key of now_
-  // Note [Cached conditioning]: each model's last position in now_, whether
-  // the loop was found, and the models that ran only before it.
-  std::unordered_map<ModelId, uint32_t> now_last_;
+  // Note [Cached conditioning]: whether the loop was found, and the models
+  // that ran only before it.
   bool looped_ = false;
   std::unordered_set<ModelId> conditioning_;
   std::deque<Record> records_;  // the last prompts' records, most recent first
