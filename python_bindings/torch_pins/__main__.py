@@ -76,14 +76,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
     values, sources = pins.config(), pins.config_sources()
     if args.json:
         print(json.dumps({"version": pins.__version__, "library": path, "built_against": _library.built_against(path),
-                          "torch": torch.__version__, "releases": _library.supported_releases(), "PINS_CONF": conf,
+                          "torch": torch.__version__, "releases": _library.build_names(),
+                          "fast_path": pins._C is not None, "PINS_CONF": conf,
                           "config": {k: {"value": v, "source": sources.get(k, "unknown")} for k, v in values.items()},
                           "backend": ",".join(backend), "counters": dict(s)}, indent=1, sort_keys=True))
         return 0
     print(f"torch-pins {pins.__version__}")
     print(f"library    {path} (built against torch {_library.built_against(path) or 'unknown'})")
     print(f"torch      {torch.__version__}")
-    print(f"releases   {', '.join(_library.supported_releases()) or 'none in the package'} (the package's builds)")
+    print(f"releases   {', '.join(_library.build_names()) or 'none in the package'} (the package's builds)")
+    print(f"fast path  {'torch_pins._C ' + pins._C.__file__ if pins._C is not None else 'off: the op serves every cast'}")
     print(f"PINS_CONF  {conf if conf else '(unset)'}")
     print(f"backend    {','.join(backend) or 'unknown'}")
     print()

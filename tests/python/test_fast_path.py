@@ -368,13 +368,28 @@ def run_with_library(lib_dir):
     return out
 
 
-def test_a_library_without_the_extension_beside_it_casts_through_the_op(pins, tmp_path):
+def test_a_library_without_the_extension_beside_it_casts_through_the_op_and_says_so_once(pins, tmp_path):
     import shutil
 
     shutil.copy(pins.library_path(), tmp_path / "libpins.so")
     out = run_with_library(str(tmp_path))
     assert "C False True" in out.stdout, out.stdout
-    assert "Warning" not in out.stderr, out.stderr
+    python = "%d.%d" % sys.version_info[:2]
+    said = f"torch_pins: the fast path is off: the build in {tmp_path} has no torch_pins._C for Python {python}"
+    assert out.stderr.count(said) == 1 and "it has no torch_pins._C)" in out.stderr, out.stderr
+
+
+def test_a_build_with_the_extension_for_other_pythons_only_names_them(pins, tmp_path):
+    # As the wheel on a Python it carries no torch_pins._C for (a newer one):
+    # the op serves, and the warning names the versions that have the fast path.
+    import shutil
+
+    shutil.copy(pins.library_path(), tmp_path / "libpins.so")
+    for version in ("38", "399"):
+        (tmp_path / f"_C.cpython-{version}-x86_64-linux-gnu.so").write_bytes(b"")
+    out = run_with_library(str(tmp_path))
+    assert "C False True" in out.stdout, out.stdout
+    assert "(it has torch_pins._C for Python 3.8, 3.99)" in out.stderr, out.stderr
 
 
 def test_an_extension_that_does_not_load_warns_and_the_op_serves(pins, tmp_path):

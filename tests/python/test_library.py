@@ -66,11 +66,13 @@ def test_the_package_has_one_version_shared_with_cmake(tmp_path):
     assert out.stderr.strip() == torch_pins.__version__
 
 
-def test_the_build_records_its_torch_version():
+def test_the_build_records_its_torch_version_and_variant():
     import torch
 
+    from torch_pins import _library
+
     with open(LIB + ".torch") as f:
-        assert f.read().strip() == torch.__version__.split("+")[0]
+        assert f.read().strip() == torch.__version__.split("+")[0] + "+" + _library.variant()
 
 
 def test_the_library_exports_the_public_api_and_nothing_else_of_pins():
