@@ -34,7 +34,7 @@ fi
 
 stamp=.venv/.pins-setup-stamp
 req=python_bindings/requirements-dev.txt
-if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ] || [ python_bindings/pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: creating .venv (torch from local wheels)"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   # --no-compile: byte-compiling all of torch at install takes longer than the
@@ -43,6 +43,6 @@ if [ ! -f "$stamp" ] || [ "$req" -nt "$stamp" ] || [ python_bindings/pyproject.t
   # The torch_pins package, editable: imported in place from python_bindings/, it
   # loads the libpins.so the build copies into it. No CMake run here (pyproject.toml,
   # the editable override): the library is built once, into build/.
-  .venv/bin/pip install -q --no-deps --no-build-isolation -e python_bindings
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
   touch "$stamp"
 fi
