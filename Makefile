@@ -1,7 +1,7 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   the main job
 #   make test   every test, ending with one summary line
-.PHONY: setup build demo test sanitize clean
+.PHONY: setup build demo test sanitize release clean
 
 setup:
 	@bash scripts/setup.sh
@@ -25,5 +25,11 @@ test: build
 sanitize: setup
 	@bash scripts/sanitize.sh
 
+# The release set into dist/: a wheel carrying a build per torch release, the
+# source package, and a report (docs/RELEASES.md, "Making a release"). Its venvs,
+# several GB each, go to $PINS_RELEASE_VENVS (default ~/.cache/torch-pins/venvs).
+release: setup
+	@.venv/bin/python scripts/release.py
+
 clean:
-	rm -rf build build-asan build-tsan build-tsa build-asan-ops build-fuzz build-hip build-win build-torch-*
+	rm -rf build build-asan build-tsan build-tsa build-asan-ops build-fuzz build-hip build-win build-torch-* build-release

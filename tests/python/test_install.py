@@ -1,22 +1,31 @@
-"""An install from a fresh clone into another prefix and another venv:
-the wheel built by `pip install --no-build-isolation ./python_bindings` runs the
-README's Python examples in a venv of its own (its casts through the wheel's
-torch_pins._C), `cmake --install` gives a package
-that the C++ app finds from another prefix with only torch's prefix added, and
-neither carries a path of the build machine.
+"""An install from a fresh clone into another prefix and another venv: the
+source package (sdist) built from the clone, unpacked into a clean folder and
+built there by `pip wheel --no-build-isolation` against the venv's torch; the
+wheel runs the README's Python examples in a venv of its own (its casts through
+the wheel's torch_pins._C); the release wheel packed from that build
+(scripts/release.py, the short form: one build) installs into a fresh venv with
+no compiler on PATH; `cmake --install` gives a package that the C++ app finds
+from another prefix with only torch's prefix added; and none carries a path of
+the build machine.
 
 The clone is the work tree as git sees it (tracked and new, not ignored, files),
 so uncommitted changes are tested too; in CI, a fresh clone, that is the clone.
 Everything lives under $PINS_INSTALL_CHECK_DIR (default build/install-check,
 removed by `make clean`) and is reused, so a rerun is incremental:
   src/          the clone (files copied only when changed, so ninja rebuilds nothing else)
-  venv/         the other venv: torch (local wheel only), scikit-build-core
+  sdist/        the source package built from src/ (pyproject's build_sdist)
+  sdist-src/    that package unpacked (files written only when their content changed)
+  venv-torch-X.Y/  the other venv: torch (local wheel only), scikit-build-core
   wheel-build/  scikit-build-core's build-dir: also the tree `cmake --install` installs from
   dist/         the wheel
+  release/      the release wheel and the fresh venv it is installed into
   prefix/       the CMake package, installed into stage/ and then moved here (relocatable)
   app-build/    examples/cpp_app built against prefix/
 On a fresh machine the wheel's native build takes about 3-4 minutes (2 cores),
-the venv about 30 s, the app about 1 minute; a rerun about 1 minute.
+the venv about 30 s, the app about 1 minute; a rerun about 1.5 minutes. The
+release wheel's check (pack, auditwheel, a fresh venv, pip install, a cast and
+stats) took 113 s on the 2-core VM under a load average of 20 (other builds
+beside it), each Python start there about 30 s of it.
 """
 import json
 import os
@@ -25,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import time
 import zipfile
 
@@ -32,11 +42,17 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import release  # noqa: E402  (scripts/release.py: the release wheel's packing and checks)
+
+sys.path.pop(0)
 TESTS = os.path.dirname(os.path.abspath(__file__))  # torchscript_caster.py, scripted in the venv
 WORK = os.path.abspath(os.environ.get("PINS_INSTALL_CHECK_DIR", os.path.join(ROOT, "build", "install-check")))
 SRC = os.path.join(WORK, "src")
+SDIST_SRC = os.path.join(WORK, "sdist-src")
 # One venv per torch release: the wheel is built for, and installed into, the torch running the tests.
 RELEASE = ".".join(torch.__version__.split("+", 1)[0].split(".")[:2])  # MAJOR.MINOR of the torch running the tests
+VARIANT = "cu" + torch.version.cuda.split(".")[0] if torch.version.cuda else "cpu"  # the build the wheel carries
 VENV = os.path.join(WORK, "venv-torch-" + RELEASE)
 VENV_PY = os.path.join(VENV, "bin", "python")
 TIMES = []  # (step, seconds), printed in failure messages and by -s
@@ -119,7 +135,7 @@ def torch_release_of_this_python():
 
 def venv_release_lib():
     """Where the venv's wheel keeps the build for this torch's release."""
-    return os.path.join(venv_site(), "torch_pins", "_lib", "torch-" + RELEASE)
+    return os.path.join(venv_site(), "torch_pins", "_lib", f"torch-{RELEASE}-{VARIANT}")
 
 
 def make_venv():
@@ -141,21 +157,54 @@ def make_venv():
                                                               "scikit-build-core>=1.1"])
 
 
+def unpack_sdist(sdist):
+    """SDIST_SRC becomes the contents of `sdist`, writing only the files whose
+    content changed (the package's times are all one fixed date, so ninja would
+    see no change; a file written now does)."""
+    wanted = set()
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            if not member.isfile():
+                continue
+            rel = member.name.split("/", 1)[1]
+            wanted.add(rel)
+            data = tar.extractfile(member).read()
+            dst = os.path.join(SDIST_SRC, rel)
+            if os.path.isfile(dst) and open(dst, "rb").read() == data:
+                continue
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with open(dst, "wb") as f:
+                f.write(data)
+            os.chmod(dst, member.mode & 0o777)
+    for dirpath, _, filenames in os.walk(SDIST_SRC):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.relpath(path, SDIST_SRC) not in wanted:
+                os.remove(path)
+
+
 @pytest.fixture(scope="module")
 def installed():
-    """Clone, venv, wheel (built and installed in the venv), CMake package (installed
-    into stage/, moved to prefix/). Returns the paths."""
+    """Clone, venv, source package (built from the clone, unpacked), wheel (built
+    from it and installed in the venv), CMake package (installed into stage/,
+    moved to prefix/). Returns the paths."""
     start = time.monotonic()
     os.makedirs(WORK, exist_ok=True)
     sync_clone()
     TIMES.append(("clone (git ls-files copy)", time.monotonic() - start))
     make_venv()
 
+    sdist_dir = os.path.join(WORK, "sdist")
+    shutil.rmtree(sdist_dir, ignore_errors=True)
+    os.makedirs(sdist_dir)
+    # The backend of pyproject.toml, as pip or `python -m build --sdist` calls it: no torch needed.
+    sdist = release.make_sdist(SRC, sdist_dir, VENV_PY)
+    unpack_sdist(sdist)
     dist = os.path.join(WORK, "dist")
     shutil.rmtree(dist, ignore_errors=True)
-    run("wheel: pip wheel --no-build-isolation (native build)",
+    run("wheel: pip wheel --no-build-isolation of the unpacked sdist (native build)",
         [VENV_PY, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", dist,
-         "-C", f"build-dir={os.path.join(WORK, 'wheel-build')}", os.path.join(SRC, "python_bindings")])
+         "-C", f"build-dir={os.path.join(WORK, 'wheel-build')}", SDIST_SRC])
     wheels = [f for f in os.listdir(dist) if f.endswith(".whl")]
     assert len(wheels) == 1, wheels
     wheel = os.path.join(dist, wheels[0])
@@ -169,7 +218,7 @@ def installed():
     run("cmake --install (component cpp)", ["cmake", "--install", os.path.join(WORK, "wheel-build"),
                                              "--prefix", stage, "--component", "cpp"])
     os.rename(stage, prefix)  # installed for one prefix, used from another
-    yield {"wheel": wheel, "prefix": prefix}
+    yield {"wheel": wheel, "prefix": prefix, "sdist": sdist}
     print("\ninstall check times:\n" + "\n".join(f"  {s:<60} {t:7.1f} s" for s, t in TIMES))
 
 
@@ -190,11 +239,11 @@ def times():
     return "\n".join(f"{s}: {t:.1f} s" for s, t in TIMES)
 
 
-def test_wheel_requires_the_torch_release_it_is_built_against():
+def test_wheel_requires_the_torch_release_it_is_built_against(monkeypatch, tmp_path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "torch_release", os.path.join(ROOT, "python_bindings", "metadata", "torch_release.py"))
+        "torch_release", os.path.join(ROOT, "python_bindings", "backend", "torch_release.py"))
     provider = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(provider)
     assert provider.torch_requirement("2.13.0+cpu") == "torch==2.13.*"
@@ -213,6 +262,23 @@ def test_wheel_requires_the_torch_release_it_is_built_against():
         provider.requirement_for(["1.13", "2.1"])
     with pytest.raises(ValueError, match="at least one torch version"):
         provider.requirement_for([])
+    # The source package builds against any release from the oldest tested.
+    monkeypatch.setenv("PINS_BUILD_HOOK", "sdist")
+    assert provider.dynamic_metadata({}, {}) == {"dependencies": ["torch>=2.11"]}
+    monkeypatch.delenv("PINS_BUILD_HOOK")
+    # The release wheel requires the releases of the builds it packs, whatever their variants.
+    for name, lib in [("torch-2.11-cu13", True), ("torch-2.13-cpu", True), ("torch-2.13-cu13", True),
+                      ("torch-2.15-cu13", True), ("torch-2.14-cu13", False), ("torch-2.12", True)]:
+        (tmp_path / name).mkdir()
+        if lib:
+            (tmp_path / name / "libpins.so").write_bytes(b"")
+    assert provider.packaged_releases(str(tmp_path)) == ["2.11", "2.13", "2.15"]
+    monkeypatch.setattr(provider, "PACKAGE_LIB", str(tmp_path))
+    monkeypatch.setenv("PINS_WHEEL_PREBUILT", "1")
+    assert provider.dynamic_metadata({}, {}) == {"dependencies": ["torch>=2.11,<2.16,!=2.12.*,!=2.14.*"]}
+    monkeypatch.setattr(provider, "PACKAGE_LIB", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="which holds none"):
+        provider.dynamic_metadata({}, {})
 
 
 def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
@@ -221,7 +287,7 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
     z = zipfile.ZipFile(installed["wheel"])
     names = z.namelist()
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
-    lib = "torch_pins/_lib/torch-" + RELEASE
+    lib = f"torch_pins/_lib/torch-{RELEASE}-{VARIANT}"
     extension = lib + "/_C" + sysconfig.get_config_var("EXT_SUFFIX")  # the venv's Python is this one
     for want in ["torch_pins/__init__.py", "torch_pins/__main__.py", "torch_pins/_fake.py", "torch_pins/_version.py",
                  "torch_pins/py.typed", lib + "/libpins.so", lib + "/libpins.so.torch", extension,
@@ -353,3 +419,79 @@ torch.jit.script(Caster()).save({module!r})
     run("cpp_app: script the module in the venv", [VENV_PY, str(script)])
     out = run("cpp_app: run", [app, module])
     assert out.stdout.startswith("pins_cpp_app: ok hits=2 misses=2 pins=2"), out.stdout + "\n" + times()
+
+
+def test_source_package_holds_what_the_build_reads_and_no_tests(installed):
+    with tarfile.open(installed["sdist"]) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for need in ["pyproject.toml", "PKG-INFO", "CMakeLists.txt", "cmake/wheel_torch.cmake", "scripts/torch_cmake_args.sh",
+                 "python_bindings/backend/pins_build.py", "python_bindings/torch_pins/_library.py"]:
+        assert need in names, need
+    assert not [n for n in names if n.startswith(("tests/", "profiling/", "docs/", "build", ".venv")) or "/_lib/" in n]
+    from torch_pins._version import __version__
+
+    assert os.path.basename(installed["sdist"]) == f"torch_pins-{__version__}.tar.gz"
+
+
+def test_release_wheel_installs_into_a_fresh_venv_without_a_compiler(installed, tmp_path):
+    # scripts/release.py in short form: this torch's build (the wheel-build tree
+    # above) installed with cmake --install, packed into the release wheel, tagged
+    # by auditwheel with torch's libraries excluded, and installed into a fresh
+    # venv that sees the torch of VENV and has only its own scripts on PATH.
+    where = os.path.join(WORK, "release")
+    shutil.rmtree(where, ignore_errors=True)
+    stage = os.path.join(where, "stage")
+    for component in ("python", "python_extension"):
+        run(f"release: cmake --install (component {component})",
+            ["cmake", "--install", os.path.join(WORK, "wheel-build"), "--component", component, "--prefix", stage,
+             "--strip"])
+    start = time.monotonic()
+    raw = release.make_wheel(SDIST_SRC, os.path.join(stage, "torch_pins", "_lib"), os.path.join(where, "raw"), VENV_PY)
+    TIMES.append(("release: pack the wheel (PINS_WHEEL_PREBUILT=1)", time.monotonic() - start))
+    if shutil.which("auditwheel", path=os.path.dirname(sys.executable)) is None:
+        pytest.fail("auditwheel is not installed in this venv: make setup (python_bindings/requirements-dev.txt)")
+    start = time.monotonic()
+    audited = release.audit(raw, where, sys.executable, release.torch_sonames([VENV_PY]))
+    TIMES.append(("release: auditwheel repair, show", time.monotonic() - start))
+    name = os.path.basename(audited["wheel"])
+    assert re.fullmatch(r"torch_pins-[0-9.]+-py3-none-manylinux_\d+_\d+_x86_64\.whl", name), name
+    assert audited["tag"] in name, audited
+    meta = zipfile.ZipFile(audited["wheel"]).read(f"torch_pins-{name.split('-')[1]}.dist-info/METADATA").decode()
+    assert f"Requires-Dist: torch=={RELEASE}.*" in meta, meta
+    start = time.monotonic()
+    checked = release.install_check(audited["wheel"], f"{RELEASE}-{VARIANT}", VENV_PY, sys.executable, where)
+    TIMES.append((f"release: fresh venv, pip install ({checked['install_seconds']} s), cast, stats",
+                  time.monotonic() - start))
+    assert checked["paths"] == {"fast": 2, "forwarded": 0} and checked["hits"] == 1, checked
+
+
+def test_a_torch_the_package_has_no_build_for_is_told_the_command_that_builds_one(installed):
+    # The wheel in the venv made to carry only an older build (its own library,
+    # restamped as 2.(minor-1)): import names it, the newest, and the command
+    # that builds for this torch: pip install of the source package, as the
+    # fixture built it (pip wheel --no-build-isolation); scripts/release.py runs
+    # that very command on the .tar.gz from a clean folder.
+    from torch_pins._version import __version__
+
+    major, minor = RELEASE.split(".")
+    older = f"{major}.{int(minor) - 1}"
+    lib = venv_release_lib()
+    fake = os.path.join(os.path.dirname(lib), f"torch-{older}-{VARIANT}")
+    stamp = open(os.path.join(lib, "libpins.so.torch")).read()
+    shutil.rmtree(fake, ignore_errors=True)
+    os.rename(lib, fake)
+    try:
+        with open(os.path.join(fake, "libpins.so.torch"), "w") as f:
+            f.write(f"{older}.0+{VARIANT}\n")
+        out = subprocess.run([VENV_PY, "-c", "import torch_pins"], capture_output=True, text=True, env=clean_env(),
+                             cwd=WORK)
+    finally:
+        with open(os.path.join(fake, "libpins.so.torch"), "w") as f:
+            f.write(stamp)
+        os.rename(fake, lib)  # the venv as the fixture left it
+    assert out.returncode != 0
+    said = out.stderr.strip().splitlines()[-1]
+    assert f"it carries builds for torch {older} ({VARIANT}); the newest is {older}" in said, said
+    command = f"pip install --no-build-isolation --no-deps --force-reinstall torch_pins-{__version__}.tar.gz"
+    assert command in said and os.path.basename(installed["sdist"]) == command.split()[-1], said
+    assert "scripts/" not in said, said  # an installed package has no source tree to point into
