@@ -141,23 +141,34 @@ def python_for(version: str) -> Optional[str]:
     return None
 
 
+def torch_pythons(torch_python: str) -> List[str]:
+    """The Python versions `torch_python`'s torch publishes wheels for (its classifiers)."""
+    code = ("from importlib import metadata; print(*[c.rsplit(' ', 1)[1] for c in "
+            "metadata.metadata('torch').get_all('Classifier') if c.startswith('Programming Language :: Python :: 3.')])")
+    return sh([torch_python, "-c", code], env=clean_env()).stdout.split()
+
+
 def build_and_stage(build: Build, python: str, stage: str, pythons: List[str]) -> Dict:
-    """Builds `build` with scripts/build_release.sh and installs its files into
-    stage/torch_pins/_lib/torch-X.Y-VARIANT. Returns what was built."""
+    """Builds `build` with scripts/build_release.sh, torch_pins._C for each of
+    `pythons` that its torch supports and this machine has, and installs its
+    files into stage/torch_pins/_lib/torch-X.Y-VARIANT. Returns what was built."""
     own = sh([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout.strip()
-    others = [p for v in pythons if v != own for p in [python_for(v)] if p]
+    supported = torch_pythons(python)
+    versions = [v for v in pythons if v != own and v in supported and python_for(v)]
+    others = [python_for(v) for v in versions]
     out = sh(["bash", "scripts/build_release.sh", python] + others, cwd=ROOT, env=clean_env())
     tree = os.path.join(ROOT, out.stdout.strip().splitlines()[-1])
     if not tree.endswith("-" + build.name):
         raise SystemExit(f"release: {python} built {tree}, not the {build.name} build; is its torch that release?")
     install = ["cmake", "--install"]
     sh(install + [tree, "--component", "python", "--prefix", stage, "--strip"])
-    for t in [tree] + sorted(glob.glob(os.path.join(tree, "python-3.*"))):
+    for t in [tree] + [os.path.join(tree, "python-" + v) for v in versions]:
         sh(install + [t, "--component", "python_extension", "--prefix", stage, "--strip"])
     lib = os.path.join(stage, "torch_pins", "_lib", "torch-" + build.name)
     stamp = open(os.path.join(lib, "libpins.so.torch")).read().strip()
     modules = sorted(f for f in os.listdir(lib) if f.startswith("_C."))
-    return {"build": build.name, "torch": stamp, "build_seconds": round(out.seconds, 1), "extension_modules": modules}
+    return {"build": build.name, "torch": stamp, "build_seconds": round(out.seconds, 1), "extension_modules": modules,
+            "torch_pythons": supported}
 
 
 def project_copy(dest: str) -> List[str]:
@@ -443,7 +454,8 @@ def report(dist: str, data: Dict) -> str:
              "| --- | --- | --- | --- |"]
     for b in data["builds"]:
         pythons = ", ".join(re.sub(r"_C\.cpython-3(\d+)-.*", r"3.\1", m) for m in b["extension_modules"])
-        lines.append(f"| {b['build']} | torch {b['torch']} | {b['build_seconds']} | Python {pythons} |")
+        lines.append(f"| {b['build']} | torch {b['torch']} (for Python {', '.join(b['torch_pythons'])}) | "
+                     f"{b['build_seconds']} | Python {pythons} |")
     lines += ["", "Installed into a fresh venv that sees the build's torch, with no compiler, CMake or CUDA toolkit "
               "on PATH (`pip install --no-index` of the wheel; then two casts of one tensor through torch_pins._C, "
               "one a hit; `python -m torch_pins stats`):", "",
@@ -504,14 +516,15 @@ def main() -> int:
     wheel["size_mb"] = round(os.path.getsize(wheel["wheel"]) / 1e6, 1)
     checks = [install_check(wheel["wheel"], b.name, pythons[b.name], args.python, os.path.join(work, "check"))
               for b in builds]
-    newest = max((b for b in builds if b.variant != "cpu"), key=lambda b: tuple(map(int, b.release.split("."))),
-                 default=builds[-1])
     for version in filter(None, args.other_pythons.split(",")):
-        python = other_python_venv(version, newest, pythons[newest.name], args.venvs)
-        if python is None:
-            log(f"no python{version} with its headers here: its torch_pins._C is neither built nor checked")
+        # Under the newest build whose torch supports that Python (2.15 dropped 3.10).
+        fits = [b for b in builds if version in next(x["torch_pythons"] for x in built if x["build"] == b.name)]
+        if not fits or not python_for(version):
+            log(f"no build for Python {version}, or no python{version} with its headers here: not checked")
             continue
-        checks.append(install_check(wheel["wheel"], newest.name, python, python_for(version),
+        build = max(fits, key=lambda b: (tuple(map(int, b.release.split("."))), b.variant != "cpu"))
+        python = other_python_venv(version, build, pythons[build.name], args.venvs)
+        checks.append(install_check(wheel["wheel"], build.name, python, python_for(version),
                                     os.path.join(work, "check")))
     data = {"version": re.search(r'"(.+)"', open(os.path.join(src, "python_bindings", "torch_pins",
                                                                "_version.py")).read()).group(1),
