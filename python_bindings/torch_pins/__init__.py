@@ -10,6 +10,10 @@ Load the library and use the ops::
         pins.end_node()
     print(pins.summary())
 
+A ``torch.nn.Module`` streams its weights through pins in one call,
+``pins.stream(module, "cuda:0")`` (:mod:`torch_pins.nn`); a diffusers pipeline
+with ``pins.diffusers.enable(pipe)`` (:mod:`torch_pins.diffusers`).
+
 Every function here calls the torch op of the same name (``torch.ops.pins.*``),
 so Python, TorchScript and C++ run the same code; :func:`cast_to_device` calls it
 through the package's extension module where the build made one, which skips
@@ -54,7 +58,23 @@ __all__ = [
     "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "load_file", "stats",
     "Stats",
     "summary", "locked_bytes", "configure", "config", "config_sources", "library_path", "__version__",
+    "stream", "unstream",
 ]
+
+# Imported on first use (PEP 562): torch_pins.nn streams a torch.nn.Module
+# (pins.stream, pins.unstream); torch_pins.diffusers needs diffusers, an
+# optional dependency, and says so when it is missing.
+_LAZY_MODULES = ("nn", "diffusers")
+_LAZY_NAMES = {"stream": "nn", "unstream": "nn"}
+
+
+def __getattr__(name: str):
+    import importlib
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 library_path = _library.library_path
 _ops = torch.ops.pins
