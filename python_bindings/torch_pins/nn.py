@@ -30,11 +30,12 @@ where the version counter shows the write (``written_back``; under
 without moving it, so a BatchNorm in training mode with running stats is
 refused at the call. The casts follow the staleness contract of the cast path:
 each call casts afresh, so an in-place write the version counter sees is
-re-pinned by itself; a write it does not see (``.data``, an inference tensor) needs ``pins.invalidate(tensor)``.
+re-pinned by itself; a write it does not see (``.data``, an inference tensor)
+needs ``pins.invalidate(tensor)``.
 
-A call of the module (its root forward) makes its pins model active for the
-call (``set_active``: in the prompt, if one runs, for eviction); prompts are the
-caller's (``with pins.prompt([...])`` around one run of a workflow;
+A call of the module (its root forward, or a unit's owner called alone) makes
+its pins model active for the call (``set_active``: an active model counts as
+in the prompt, for eviction); prompts are the caller's (``with pins.prompt([...])`` around one run of a workflow;
 :mod:`torch_pins.diffusers` makes each pipeline call one). Casts issued ahead:
 Note [Copies that overlap compute] (``_prefetch.py``).
 
