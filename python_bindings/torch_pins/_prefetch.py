@@ -26,7 +26,10 @@ group offloading does with ``use_stream``, ComfyUI with its offload stream.
   prefetch. A unit that starts out of the predicted order is cast on the
   compute stream as without prefetch and the prediction goes on from where it
   is found again; casts issued ahead and unused when the call ends are dropped
-  (``prefetch_unused``). The first call has nothing to follow: it only records.
+  (``prefetch_unused``). A cast ahead that raises (out of device memory) stops
+  this round of casts ahead (``prefetch_failed``): its unit is cast when it
+  starts, which raises what persists. The first call has nothing to follow: it
+  only records.
 
 Device memory: the running unit, its enclosing units (a parent's own tensors)
 and up to ``d`` units cast ahead. The seam between this logic and the device is
@@ -162,9 +165,15 @@ class Prefetcher:
                 continue
             if side is None:
                 side = self.streams.side()
-            with self.streams.on(side):
-                copies = cast(nxt)
-                event = self.streams.record(side)
+            try:
+                with self.streams.on(side):
+                    copies = cast(nxt)
+                    event = self.streams.record(side)
+            except Exception:
+                # Out of device memory ahead of time, say: the unit is cast
+                # when it starts, where an error that persists is raised.
+                self.counts["prefetch_failed"] += 1
+                return
             self._ahead[id(nxt)] = (nxt, copies, event)
             self.counts["prefetched"] += 1
 

@@ -55,11 +55,7 @@ def split(root: nn.Module, level: str) -> List[Tuple[str, nn.Module, List[nn.Mod
     def visit_container(name: str, c: nn.Module) -> None:
         add(name, c, [c] if own_slots(c) else [])
         for element_name, element in c.named_children():
-            element_name = join(name, element_name)
-            if isinstance(element, CONTAINERS):
-                visit_container(element_name, element)
-            else:
-                block(element_name, element)
+            block(join(name, element_name), element)  # a container of layers too: one block
 
     if isinstance(root, CONTAINERS):
         visit_container("", root)

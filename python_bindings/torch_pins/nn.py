@@ -10,8 +10,9 @@ file). It splits the module into *units* and hooks each unit's *owner*
 always_call=True)``):
 
 - ``level="block"``: the elements of every ``ModuleList`` or ``Sequential``
-  (a transformer's or a UNet's blocks) and every other child that holds none,
-  each one unit with all the tensors below it; a module that holds a container
+  (a transformer's or a UNet's blocks, a ``Sequential`` of layers among them)
+  and every other child that holds none, each one unit with all the tensors
+  below it; a module that holds a container
   further down is split the same way, and its own tensors are a unit of their
   own, held for its whole forward (the root's too).
 - ``level="leaf"``: every module with tensors of its own is a unit of those.
@@ -83,7 +84,8 @@ class Streaming:
         self._owns_model = owns_model
         self._forget = weakref.finalize(module, forget_model, model) if owns_model else None
         self._counts = {k: 0 for k in ("calls", "unit_casts", "gathered", "single", "resident", "written_back",
-                                       "prefetched", "prefetch_used", "prefetch_unused", "prefetch_stale")}
+                                       "prefetched", "prefetch_used", "prefetch_unused", "prefetch_stale",
+                                       "prefetch_failed")}
         self._prefetcher = _prefetch.Prefetcher(streams, prefetch, self._counts)
         self._units: List[_units.Unit] = []
         self._root_hooks: List[Any] = []
@@ -102,7 +104,8 @@ class Streaming:
         """``calls`` of the module, ``unit_casts`` (units cast: gathered ``gathered``
         and tensors cast alone ``single``), ``resident`` (tensors already on the
         device, used in place), ``written_back``, and the prefetch's
-        ``prefetched``, ``prefetch_used``, ``prefetch_unused``, ``prefetch_stale``."""
+        ``prefetched``, ``prefetch_used``, ``prefetch_unused``, ``prefetch_stale``,
+        ``prefetch_failed`` (Note [Copies that overlap compute])."""
         return dict(self._counts)
 
     def remove(self) -> None:

@@ -69,6 +69,10 @@ def test_units_follow_the_containers():
                     "blocks.1.norm", "blocks.1.up", "blocks.1.down", "head.0", "head.1"]
     seq = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
     assert [name for name, _, _ in pnn._units.split(seq, "block")] == ["0", "2"]
+    # A container's element is one block, a Sequential of layers too.
+    stacked = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), nn.ModuleList([nn.Linear(2, 2)]))
+    units = pnn._units.split(stacked, "block")
+    assert [(name, len(modules)) for name, _, modules in units] == [("0", 2), ("1", 1)]
 
 
 class Probe(nn.Module):

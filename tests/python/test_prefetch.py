@@ -67,6 +67,7 @@ def logged(pins, monkeypatch):
         for u in s.units:  # after stream's own pre-hooks: runs when the unit's forward starts
             names[u].register_forward_pre_hook(lambda m, a, u=u: log.append(("forward", u)))
         return s
+    stream.seam = seam
     yield log, stream
     for m in list(pnn._roots.keys()):
         pnn.unstream(m)
@@ -166,6 +167,26 @@ def test_an_exception_drops_the_casts_issued_ahead(logged):
         assert s._prefetcher.pending() == 0 and s._depth == 0
         net.order = None
         net(x)
+
+
+def test_a_cast_ahead_that_fails_is_left_to_the_units_start(logged, monkeypatch):
+    import torch_pins._units as units
+    log, stream = logged
+    net, plain = Net(n=3).eval(), Net(n=3).eval()
+    s = stream(net, prefetch=2)
+    x = torch.randn(3, 4)
+    logging_cast = units.cast_many_to_device
+
+    def failing(sources, *args, **kwargs):
+        if stream.seam.now == "side":
+            raise RuntimeError("CUDA out of memory (a stand-in)")
+        return logging_cast(sources, *args, **kwargs)
+    monkeypatch.setattr(units, "cast_many_to_device", failing)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(net(x), plain(x))
+    assert s.stats()["prefetch_failed"] > 0 and s.stats()["prefetch_used"] == 0
+    assert s._prefetcher.pending() == 0
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])
