@@ -187,6 +187,24 @@ def test_torch_compile_of_a_streamed_module(pins, nn_pins):
     torch._dynamo.reset()
 
 
+def test_inductor_compiles_what_runs_between_the_hooks(pins, nn_pins):
+    """The hooks are not traced (Note [Streamed modules]), so inductor compiles
+    the blocks' forwards, whatever it does with the pins ops themselves."""
+    import torch._dynamo
+    net = Net().eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        want = net(x)
+    s = pins.stream(net, "cpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend="inductor")
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.allclose(compiled(x), want, rtol=1e-5, atol=1e-6)  # fused kernels: not bit for bit
+    assert s.stats()["calls"] == 2 and pins.stats()[f"model.{s.model}.hits"] == 7
+    torch._dynamo.reset()
+
+
 def test_weights_patched_between_calls_follow_the_staleness_contract(pins, nn_pins):
     net = Net().eval()
     plain = Net().eval()
