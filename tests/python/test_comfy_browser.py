@@ -145,6 +145,19 @@ def _pack_node(tmp_path):
     return work / "node.zip"
 
 
+def _standins(tmp):
+    """Empty torchaudio modules where the server's Python has none: ComfyUI 0.33
+    imports torchaudio at module level, and no torchaudio on the package index
+    goes with torch 2.14 (test_comfy.py stands in the same, in its process)."""
+    if subprocess.run([PYTHON, "-c", "import torchaudio"], capture_output=True).returncode == 0:
+        return {}
+    package = tmp / "standins" / "torchaudio"
+    package.mkdir(parents=True)
+    for name in ("__init__.py", "transforms.py", "functional.py"):
+        (package / name).write_text("")
+    return {"PYTHONPATH": str(package.parent)}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("comfyui-browser")
@@ -172,7 +185,7 @@ def server(tmp_path_factory):
     proc = subprocess.Popen([PYTHON, os.path.join(COMFYUI_PATH, "main.py"), "--cpu", "--base-directory", str(base),
                              "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch"],
                             stdout=log, stderr=subprocess.STDOUT, cwd=COMFYUI_PATH,
-                            env=dict(os.environ, PINS_CONF="", PYTHONUNBUFFERED="1"))
+                            env=dict(os.environ, PINS_CONF="", PYTHONUNBUFFERED="1", **_standins(tmp)))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
@@ -204,7 +217,13 @@ def test_panel_shows_pins_counters_move_with_prompts_queued_in_the_browser(serve
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         page.goto(url)
         page.wait_for_function("() => window.app && window.app.extensionManager", timeout=120_000)
-        page.locator(".pins-tab-button, [data-testid='pins-tab-button']").first.click(timeout=60_000)
+        page.wait_for_timeout(2000)
+        for _ in range(5):  # first-run dialogs (templates) over the page
+            if page.locator('[data-testid="dialog-overlay"]').count() == 0:
+                break
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(500)
+        page.locator(".pins-tab-button").first.click(timeout=60_000)
         page.wait_for_selector('#pins-panel [data-pins="state"]', timeout=30_000)
         assert _text(page, "state").startswith("pins is on (old-loader mode): policy trace (default), sharing off")
         assert _text(page, "total-hits") == "0"

@@ -220,3 +220,16 @@ def test_node_with_a_torch_pins_built_for_another_torch_says_so_in_one_line(tmp_
                               f"({lib} was built against torch 2.11.0, not this torch's release."), logs
     assert "pins: pins:" not in logs[0] and logs[0].endswith("ComfyUI runs without pins.")
     assert stats["enabled"] is False and stats["why"].startswith("mismatch: ")
+
+
+def test_usage_sample_info_line_says_the_policy_pins_logs():
+    """docs/USAGE.md's sample of enable()'s INFO line has the default policy,
+    the one a ComfyUI without PINS_CONF logs."""
+    import re
+
+    usage = open(os.path.join(ROOT, "docs", "USAGE.md")).read()
+    sample = re.search(r"^torch_pins \S+: active in ComfyUI .*; policy (\w+),", usage, re.M)
+    assert sample, "USAGE.md has no sample INFO line"
+    out = cli("stats", "--json")
+    policy = json.loads(out.stdout)["config"]["policy"]
+    assert policy["source"] == "default" and sample.group(1) == policy["value"], (sample.group(0), policy)
