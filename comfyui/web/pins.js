@@ -117,34 +117,40 @@ function chart(prompts) {
   return svg;
 }
 
-function counterTable(prompts) {
+// "this prompt" while one runs, else the last one finished; and the totals.
+function counterTable(prompts, running) {
   const rows = [
     ["hits", "hits", (v) => v], ["misses", "misses", (v) => v],
     ["served from pins", "hit_bytes", size], ["copied at a miss", "miss_bytes", size],
     ["read from files into pins", "file_fill_bytes", size], ["read from disk (process)", "disk_read_bytes", size],
     ["evictions", "evictions", (v) => v],
   ];
+  const last = prompts.last[prompts.last.length - 1];
+  const [label, now] = running || !last ? ["this prompt", prompts.current] : [`last prompt (${last.prompt})`, last];
   const t = el("table", { style: "width:100%;border-collapse:collapse" },
-    el("tr", {}, el("th", { style: "text-align:left" }, ""), el("th", {}, "this prompt"), el("th", {}, "in total")));
-  for (const [label, key, fmt] of rows) {
-    t.append(el("tr", {}, el("td", {}, label),
-      el("td", { "data-pins": `current-${key}`, style: "text-align:right" }, fmt(prompts.current[key])),
+    el("tr", {}, el("th", { style: "text-align:left" }, ""), el("th", {}, label), el("th", {}, "in total")));
+  for (const [name, key, fmt] of rows) {
+    t.append(el("tr", {}, el("td", {}, name),
+      el("td", { "data-pins": `prompt-${key}`, style: "text-align:right" }, fmt(now[key])),
       el("td", { "data-pins": `total-${key}`, style: "text-align:right" }, fmt(prompts.total[key]))));
   }
   return t;
 }
 
+// A row per model: its pinned bytes, hits and misses; under it, its subsets.
 function modelTable(models) {
   const t = el("table", { style: "width:100%;border-collapse:collapse", "data-pins": "models" },
-    el("tr", {}, el("th", { style: "text-align:left" }, "model"), ...SUBSETS.map((s) => el("th", {}, s)),
-      el("th", {}, "hits/misses")));
+    el("tr", {}, el("th", { style: "text-align:left" }, "model"), el("th", {}, "pinned"), el("th", {}, "hits"),
+      el("th", {}, "misses")));
   for (const m of models) {
     t.append(el("tr", { "data-pins-model": m.name },
-      el("td", {}, `${m.name}${m.active ? " (active)" : ""}`),
-      ...SUBSETS.map((s) => el("td", { style: "text-align:right" }, size(m.subsets[s].bytes))),
-      el("td", { style: "text-align:right" }, `${m.hits}/${m.misses}`)));
+      el("td", {}, `${m.name}${m.active ? " (active)" : ""}`), el("td", { style: "text-align:right" }, size(m.bytes)),
+      el("td", { style: "text-align:right" }, m.hits), el("td", { style: "text-align:right" }, m.misses)));
+    const parts = SUBSETS.filter((s) => m.subsets[s].pins).map((s) => `${s} ${size(m.subsets[s].bytes)}`);
+    t.append(el("tr", {}, el("td", { colspan: 4, style: "font-size:11px;padding-left:10px;opacity:0.8" },
+      parts.join(", ") || "no pins")));
   }
-  if (!models.length) t.append(el("tr", {}, el("td", { colspan: 6 }, "no model registered yet")));
+  if (!models.length) t.append(el("tr", {}, el("td", { colspan: 4 }, "no model registered yet")));
   return t;
 }
 
@@ -168,7 +174,7 @@ function render(root, r) {
       el("div", { style: `background:${COLORS.served};height:10px;width:${share_of}%;border-radius:3px` })),
     el("p", { "data-pins": "budget" }, `${size(b.pinned_bytes)} pinned of ${size(b.limit_bytes)} `
       + `(available RAM ${size(b.available_bytes)}, headroom ${size(b.headroom_bytes)})`),
-    modelTable(r.models), h("Casts"), counterTable(r.prompts),
+    modelTable(r.models), h("Casts"), counterTable(r.prompts, r.counters.prompt === 1),
     h(`Last prompts (${r.prompts.recorded} in all)`), chart(r.prompts.last),
     el("p", { style: "font-size:11px" },
       el("span", { style: `color:${COLORS.served}` }, "served from pins "),

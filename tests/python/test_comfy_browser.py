@@ -214,7 +214,7 @@ def test_panel_shows_pins_counters_move_with_prompts_queued_in_the_browser(serve
     url, weights, log = server
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url)
         page.wait_for_function("() => window.app && window.app.extensionManager", timeout=120_000)
         page.wait_for_timeout(2000)
@@ -243,9 +243,10 @@ def test_panel_shows_pins_counters_move_with_prompts_queued_in_the_browser(serve
         hits, misses = int(_text(page, "total-hits")), int(_text(page, "total-misses"))
         assert misses == 2 and hits == 2 * 4 * 2 - 2, (hits, misses)  # 2 layers, 4 steps, 2 prompts
         assert _text(page, "total-hit_bytes").endswith(("KiB", "MiB")) and "TinyNet" in _text(page, "models")
+        assert _text(page, "prompt-misses") == "0" and _text(page, "prompt-hits") == "8"  # the last prompt's
         screenshot = os.environ.get("PINS_COMFY_SCREENSHOT")
         if screenshot:
-            page.locator("#pins-panel").screenshot(path=screenshot)
+            page.screenshot(path=screenshot)
         browser.close()
 
     r = _get(url + "/pins/stats")
