@@ -55,7 +55,7 @@ def stats_json() -> Dict[str, Any]:
     report = pins.report()
     comfy = dict(torch_pins.comfy.stats())
     if not comfy.get("enabled") and STATE.why:
-        comfy.setdefault("why", STATE.why)
+        comfy["why"] = STATE.why  # the node did not call enable(), or says why it stayed out
     report["comfy"] = comfy
     now, problem = pins_settings.read(STATE.settings_file) if STATE.settings_file else ({}, None)
     report["settings"] = {"file": STATE.settings_file, "problem": problem, "values": now,

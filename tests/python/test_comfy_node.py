@@ -34,6 +34,7 @@ def _load_node(path=NODE):
 
 
 def test_prompt_history_records_what_each_prompt_moved(pins):
+    pins.end_prompt()  # closes the record of what earlier tests moved
     m = pins.register_model("history", "cpu")
     w = torch.randn(64, 64)
     try:

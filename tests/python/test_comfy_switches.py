@@ -79,16 +79,24 @@ def _layer_size(s):
 
 def test_the_page_lock_cap_counts_the_layers_pins_serves_once(comfy_env, monkeypatch):
     vbar = _with_vbar_path(comfy_env)
+    prefetch = types.ModuleType("comfy.model_prefetch")
+    monkeypatch.setitem(sys.modules, "comfy.model_prefetch", prefetch)
     try:
+        net, patcher = None, None
+
+        def prefetch_queue_pop(layers):  # 0.33's: cast the layers, then ask room for all of them
+            for s in layers:
+                vbar.cast_layer(s, False)
+            comfy_env.m["comfy.model_management"].ensure_pin_registerable(sum(_layer_size(s) for s in layers))
+
+        prefetch.prefetch_queue_pop = prefetch_queue_pop
+        mm = _with_page_lock_cap(comfy_env, monkeypatch, cap=0)
         comfy_env.integration.enable(cpu_targets=True)
         net, patcher = _net_and_patcher(comfy_env)
         layers = [net.l1, net.l2]
-        size = sum(_layer_size(s) for s in layers)
-        mm = _with_page_lock_cap(comfy_env, monkeypatch, cap=size + 4096)
-        for _ in range(3):  # prefetch: cast the layers, then make room for what they register
-            for s in layers:
-                vbar.cast_layer(s, False)
-            mm.ensure_pin_registerable(size)
+        mm.MAX_PINNED_MEMORY = sum(_layer_size(s) for s in layers) + 4096
+        for _ in range(3):
+            prefetch.prefetch_queue_pop(layers)
     finally:
         del sys.modules["comfy.pinned_memory"], sys.modules["comfy.memory_management"]
     assert comfy_env.pins.stats()["pins"] == 2, "the pins just served stay"
@@ -97,11 +105,11 @@ def test_the_page_lock_cap_counts_the_layers_pins_serves_once(comfy_env, monkeyp
 
 
 def test_ensure_pin_registerable_passes_a_positional_evict_active_on(comfy_env, monkeypatch):
+    mm = _with_page_lock_cap(comfy_env, monkeypatch, cap=0)
     comfy_env.integration.enable(cpu_targets=True)
     net, _ = _net_and_patcher(comfy_env)
     net(torch.randn(2, 8))  # pins: the cap is full
-    pinned = comfy_env.pins.stats()["pinned_bytes"]
-    mm = _with_page_lock_cap(comfy_env, monkeypatch, cap=pinned)
+    mm.MAX_PINNED_MEMORY = comfy_env.pins.stats()["pinned_bytes"]
     mm.ensure_pin_registerable(4096, False)
     frees = [c for c in comfy_env.rec.calls if c[0] == "free_pins"]
     assert frees and all(c[1][1] is False for c in frees), frees
@@ -206,3 +214,124 @@ def test_log_lines_carry_the_prefix_once(comfy_env, caplog):
     for r in caplog.records:
         line = f"{r.name}: {r.getMessage()}"
         assert "torch_pins.comfy: torch_pins.comfy:" not in line, line
+
+
+# --- the same against a real ComfyUI (COMFYUI_PATH, as test_comfy.py) ----------
+
+import os  # noqa: E402
+
+from test_comfy import (PROMPTS, STEPS, _FakeCudart, _dynamic_net, _graph, _has_dynamic_vram,  # noqa: E402,F401
+                        _run, _vbar_forward, _write_weights, comfyui, integration)
+
+real = pytest.mark.skipif(not os.environ.get("COMFYUI_PATH"),
+                          reason="COMFYUI_PATH is not set: a ComfyUI checkout (scripts/comfyui_checkout.sh)")
+
+
+@real
+def test_comfyui_with_disable_pinned_memory_pins_nothing(comfyui, integration, pins, monkeypatch, tmp_path):
+    import comfy.cli_args
+
+    if not hasattr(comfy.cli_args.args, "disable_pinned_memory"):
+        pytest.skip("this ComfyUI has no --disable-pinned-memory")
+    monkeypatch.setattr(comfy.cli_args.args, "disable_pinned_memory", True)
+    weights = _write_weights(tmp_path / "model.safetensors", 5)
+    hooks = integration.enable(cpu_targets=True)
+    assert not hooks and "--disable-pinned-memory" in hooks.reason
+    before = pins.stats()["pinned_bytes"]
+    served = _run(comfyui, [_graph(weights, seed) for seed in range(PROMPTS)])
+    assert served.model == -1 and pins.stats()["pinned_bytes"] == before == 0
+
+
+@real
+@pytest.mark.parametrize("vram_kib", [72, 16])
+def test_comfyui_with_fast_disk_pins_what_comfyui_pins(comfyui, integration, pins, monkeypatch, tmp_path, vram_kib):
+    """--fast-disk under dynamic VRAM: ComfyUI pins no layer that keeps a place
+    in VRAM, only the streamed ones; with pins on, pins pins the same."""
+    if not _has_dynamic_vram():
+        pytest.skip("this ComfyUI predates dynamic VRAM (comfy.pinned_memory)")
+    import comfy.cli_args
+    import comfy.memory_management
+    import comfy_aimdo.control
+    import comfy_aimdo.model_vbar
+
+    g = torch.Generator().manual_seed(11)
+    path = str(tmp_path / "dyn.safetensors")
+    comfyui.utils.save_torch_file({f"layers.{i}.{k}": (torch.randn(*shape, generator=g) / 8).half()
+                                   for i in range(3) for k, shape in (("weight", (128, 128)), ("bias", (128,)))},
+                                  path)
+    comfy_aimdo.control.init()
+    comfy_aimdo.control.init_devices([0])
+    comfy_aimdo.model_vbar.configure(vram_bytes=vram_kib * 1024, page_size=4096)
+    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
+    monkeypatch.setattr(comfy.cli_args.args, "fast_disk", True)
+    monkeypatch.setattr(comfyui.mm, "MAX_PINNED_MEMORY", 1 << 30)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart())
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    x = torch.randn(4, 128, generator=g)
+
+    def run():
+        net = _dynamic_net(comfyui, path)
+        patcher = comfyui.mp.ModelPatcherDynamic(net, load_device=gpu, offload_device=cpu)
+        patcher.partially_load(gpu)
+        before = comfyui.mm.TOTAL_PINNED_MEMORY
+        with torch.no_grad():
+            outs = [_vbar_forward(comfyui, net, x) for _ in range(2)]
+        pinned = comfyui.mm.TOTAL_PINNED_MEMORY - before
+        patcher.partially_unload_ram(1e30)
+        return outs, pinned, patcher
+
+    plain, comfy_pinned, _ = run()
+    hooks = integration.enable(cpu_targets=True)
+    assert hooks.active
+    served, _, patcher = run()
+    assert all(torch.equal(a, b) for a, b in zip(plain, served))
+    s = pins.stats()
+    model = integration.model_id(patcher)
+    assert s[f"model.{model}.weights-loaded.pins"] == 0, "--fast-disk: no pin of a layer kept in VRAM"
+    streamed = s[f"model.{model}.weights.pins"]
+    assert streamed * 33792 == comfy_pinned, (streamed, comfy_pinned)  # the layers ComfyUI pins, one pin each
+
+
+@real
+def test_comfyuis_ensure_pin_registerable_passes_a_positional_evict_active_on(comfyui, integration, pins,
+                                                                             monkeypatch, tmp_path):
+    if not hasattr(comfyui.mm, "ensure_pin_registerable"):
+        pytest.skip("this ComfyUI has no page-lock cap (ensure_pin_registerable)")
+    assert integration.enable(cpu_targets=True)
+    locked, calls = 1 << 20, []
+    real_free = pins.free_pins
+    monkeypatch.setattr(pins, "locked_bytes", lambda: locked)  # a GPU's: pins page-locks its pins
+    monkeypatch.setattr(pins, "free_pins", lambda *a: calls.append(a) or real_free(*a))
+    monkeypatch.setattr(comfyui.mm, "MAX_PINNED_MEMORY", locked)
+    monkeypatch.setattr(comfyui.mm, "TOTAL_PINNED_MEMORY", 0)
+    comfyui.mm.ensure_pin_registerable(4096, False)
+    assert calls and all(a[1] is False for a in calls), calls
+
+
+@real
+def test_comfyui_0_3_64_async_offload_casts_on_its_offload_stream(comfyui, integration, pins, monkeypatch, tmp_path):
+    import inspect
+
+    if "offloadable" in inspect.signature(comfyui.ops.cast_bias_weight).parameters:
+        pytest.skip("0.33 takes an offload stream only for an offloadable caller (the stand-ins test it)")
+    entered, taken, synced, seen = [], [], [], []
+
+    class Stream:  # what get_offload_stream returns on a GPU with --async-offload
+        def __enter__(self):
+            entered.append(self)
+
+        def __exit__(self, *exc):
+            entered.pop()
+
+    monkeypatch.setattr(comfyui.mm, "get_offload_stream", lambda device: taken.append(Stream()) or taken[-1])
+    monkeypatch.setattr(comfyui.mm, "sync_stream", lambda device, stream: synced.append(stream))
+    real_many = pins.cast_many_to_device
+    monkeypatch.setattr(pins, "cast_many_to_device",
+                        lambda *a, **k: seen.append(list(entered)) or real_many(*a, **k))
+    weights = _write_weights(tmp_path / "model.safetensors", 8)
+    assert integration.enable(cpu_targets=True)
+    _run(comfyui, [_graph(weights, 0)])
+    s = integration.stats()
+    assert s["casts"] == STEPS * 4 and s.get("errors", 0) == 0, s
+    assert len(seen) == STEPS * 3 and all(len(x) == 1 for x in seen), "each gathered copy on ComfyUI's stream"
+    assert len(taken) == STEPS * 4 and synced == taken, "one stream a cast, synced as ComfyUI syncs it"

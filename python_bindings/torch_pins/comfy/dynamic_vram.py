@@ -10,7 +10,8 @@ subset for this thread) and ``cast_to_gathered`` copies the layer's weight and
 bias into ComfyUI's destination (its vbar or cast buffer) through pins, with
 ``out=`` on the stream ComfyUI chose, ``resident`` for ``-loaded``. Lowvram
 LoRA patches (``LowVramPatch`` sources) and unregistered modules keep
-ComfyUI's own path."""
+ComfyUI's own path. A layer's weight and bias share one pin and one
+transfer (``cast_many_to_device``), as ComfyUI's gathered copy does."""
 import functools
 import logging
 import sys
@@ -29,14 +30,39 @@ def _serves_layer(state: Integration, module: Any) -> bool:
     return isinstance(module, torch.nn.Module) and state.owner.get(module) is not None
 
 
+def _layer_bytes(module: Any) -> int:
+    """What ComfyUI counts to register a layer's pin: its aligned weight and bias."""
+    tensors = [getattr(module, "weight", None), getattr(module, "bias", None)]
+    aligned = getattr(sys.modules.get("comfy.memory_management"), "vram_aligned_size", None)
+    if aligned is not None:
+        return int(aligned(tensors))
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _comfy_pin_call(state: Optional[Integration], original, *args, **kwargs):
+    """ComfyUI's own pin call: its page-lock requests are its own (budget)."""
+    if state is None:
+        return original(*args, **kwargs)
+    state.vbar.comfy_pin += 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        state.vbar.comfy_pin -= 1
+
+
 def wrap_get_pin(original):
     @functools.wraps(original)
     def get_pin(module, subset="weights", *args, **kwargs):
         state = current()
         if state is not None and _serves_layer(state, module):
-            state.vbar.module, state.vbar.subset = module, subset
+            ctx = state.vbar
+            if ctx.prefetch and ctx.module is not module:  # once per layer, whatever the subsets asked
+                ctx.served += _layer_bytes(module)
+            # pin_memory, then get_pin again for the pin it made: still wanted
+            ctx.wanted = ctx.wanted and ctx.module is module and ctx.subset == subset
+            ctx.module, ctx.subset = module, subset
             return None  # pins holds the layer's pin: cast_to_gathered copies through it
-        return original(module, subset, *args, **kwargs)
+        return _comfy_pin_call(state, original, module, subset, *args, **kwargs)
     return get_pin
 
 
@@ -45,10 +71,10 @@ def wrap_pin_memory(original):
     def pin_memory(module, subset="weights", *args, **kwargs):
         state = current()
         if state is not None and _serves_layer(state, module):
-            state.vbar.module, state.vbar.subset = module, subset
+            state.vbar.module, state.vbar.subset, state.vbar.wanted = module, subset, True
             state.count("declined_pins")
             return None
-        return original(module, subset, *args, **kwargs)
+        return _comfy_pin_call(state, original, module, subset, *args, **kwargs)
     return pin_memory
 
 
@@ -63,6 +89,10 @@ def _vbar_cast(state: Integration, tensors: Any, r: Any, r2: Any, non_blocking: 
     entry = state.owner.get(module)
     if entry is None:
         return "unregistered"
+    if state.options["comfy_fast_disk"] and (subset.endswith("-loaded") or not ctx.wanted):
+        # --fast-disk: ComfyUI pins no layer that keeps a place in VRAM (it asks
+        # pin_memory only for the others): copied from its source, as ComfyUI's.
+        return "fast-disk"
     if not isinstance(tensors, (list, tuple)) or len(tensors) != 2 \
             or tensors[0] is not getattr(module, "weight", None) or tensors[1] is not getattr(module, "bias", None):
         return "vbar-sources"
@@ -76,9 +106,18 @@ def _vbar_cast(state: Integration, tensors: Any, r: Any, r2: Any, non_blocking: 
     memory = sys.modules.get("comfy.memory_management")
     views = memory.interpret_gathered_like(list(tensors), dest)
     resident = subset.endswith("-loaded")
+    present = [(t, view) for t, view in zip(tensors, views) if t is not None]
     with casting.stream_context(stream):
-        for t, view in zip(tensors, views):
-            if t is not None:
+        if len(present) > 1 and state.options["gather"] and not any(_subclass.is_wrapper(t) for t, _ in present):
+            # One pin and one host-to-device transfer for the layer, as ComfyUI's
+            # gathered copy; the parts then go into its destination on the device.
+            cast = pins.cast_many_to_device([t for t, _ in present], dest.device, None, non_blocking,
+                                            entry.pins_id, "weights", resident)
+            for (_, view), part in zip(present, cast):
+                view.copy_(part, non_blocking=non_blocking)
+            state.count("gathered")
+        else:
+            for t, view in present:
                 pins.cast_to_device(t, view.device, None, non_blocking, entry.pins_id, "weights", resident, None,
                                     out=view)
     mm = sys.modules.get("comfy.model_management")
@@ -101,7 +140,7 @@ def wrap_cast_to_gathered(original):
             why = _vbar_cast(state, tensors, r, r2, non_blocking, stream)
         except Exception as e:
             state.count("errors")
-            state.log_once(logging.WARNING, f"torch_pins.comfy: vbar cast through pins failed, ComfyUI casts "
+            state.log_once(logging.WARNING, f"pins: vbar cast through pins failed, ComfyUI casts "
                                             f"instead: {type(e).__name__}: {e}")
             why = "error"
         if why is None:

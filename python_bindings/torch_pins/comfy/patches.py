@@ -64,7 +64,7 @@ def wrap_patch_cast(original):
                                       True, ctx.signature)
         except Exception as e:
             state.count("errors")
-            state.log_once(logging.WARNING, f"torch_pins.comfy: patch cast through pins failed: "
+            state.log_once(logging.WARNING, f"pins: patch cast through pins failed: "
                                             f"{type(e).__name__}: {e}")
             return original(tensor, device, dtype, copy)
         state.count("patch_casts")
