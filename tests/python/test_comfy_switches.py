@@ -207,6 +207,48 @@ def test_a_dynamic_layer_is_one_pin_and_one_transfer(comfy_env):
     assert casts == ["cast_many_to_device"] * 3, casts
 
 
+class _LowVramPatch:
+    """ComfyUI 0.33's LowVramPatch as far as the cast path looks: a key, the
+    patcher's patches, is_lowvram_patch, memory_required."""
+    is_lowvram_patch = True
+
+    def __init__(self, key, patches):
+        self.key, self.patches = key, patches
+
+    def memory_required(self):
+        return sum(t.nbytes for t in self.patches[self.key][0][1])
+
+
+def test_a_lowvram_lora_patch_of_a_dynamic_layer_is_pinned_by_pins(comfy_env):
+    vbar = _with_vbar_path(comfy_env)
+    pinned, mm = sys.modules["comfy.pinned_memory"], comfy_env.m["comfy.model_management"]
+    try:
+        comfy_env.integration.enable(cpu_targets=True)
+        net, patcher = _net_and_patcher(comfy_env)
+        g = torch.Generator().manual_seed(3)
+        factors = (torch.randn(16, 2, generator=g), torch.randn(2, 8, generator=g))
+        patch = _LowVramPatch("l1.weight", {"l1.weight": [(1.0, factors, 1.0, None, None)]})
+        for _ in range(2):  # cast_modules_with_vbar: the layer, then its lowvram patch into a cast buffer
+            vbar.cast_layer(net.l1, False)
+            dest = torch.empty(2 * 1024, dtype=torch.uint8)
+            assert pinned.get_pin(patch, subset="patches") is None
+            pinned.pin_memory(patch, subset="patches", size=patch.memory_required())
+            assert pinned.get_pin(patch, subset="patches") is None
+            offset = 0
+            for t in factors:  # comfy.lora.prefetch_prepared_value, copy=True
+                mm.cast_to_gathered([t], dest[offset:offset + 1024], non_blocking=True)
+                view = dest[offset:offset + t.nbytes].view(t.dtype).view(t.shape)
+                assert torch.equal(view, t)
+                offset += 1024
+    finally:
+        del sys.modules["comfy.pinned_memory"], sys.modules["comfy.memory_management"]
+    assert vbar.comfy_pins == {}, "ComfyUI pinned neither the layer nor its patch"
+    model = comfy_env.integration.model_id(patcher)
+    s = comfy_env.pins.stats()
+    assert [s[f"model.{model}.patches.{k}"] for k in ("pins", "misses", "hits")] == [2, 2, 2], s
+    assert comfy_env.integration.stats()["vbar_patch_casts"] == 4
+
+
 def test_log_lines_carry_the_prefix_once(comfy_env, caplog):
     comfy_env.m["comfy.model_management"].cast_to_gathered = None  # missing: a warning
     with caplog.at_level(logging.DEBUG, logger="torch_pins.comfy"):
@@ -335,3 +377,61 @@ def test_comfyui_0_3_64_async_offload_casts_on_its_offload_stream(comfyui, integ
     assert s["casts"] == STEPS * 4 and s.get("errors", 0) == 0, s
     assert len(seen) == STEPS * 3 and all(len(x) == 1 for x in seen), "each gathered copy on ComfyUI's stream"
     assert len(taken) == STEPS * 4 and synced == taken, "one stream a cast, synced as ComfyUI syncs it"
+
+
+@real
+@pytest.mark.parametrize("vram_kib", [72, 16])
+def test_comfyuis_lowvram_lora_patches_are_pinned_by_pins_under_dynamic_vram(comfyui, integration, pins,
+                                                                              monkeypatch, tmp_path, vram_kib):
+    """LowVramPatch sources (LoRA factors) of the layers pins serves: one pool,
+    pins' patches subsets; ComfyUI pins none of them itself."""
+    if not _has_dynamic_vram():
+        pytest.skip("this ComfyUI predates dynamic VRAM (comfy.pinned_memory)")
+    import comfy.memory_management
+    import comfy_aimdo.control
+    import comfy_aimdo.model_vbar
+
+    g = torch.Generator().manual_seed(13)
+    path, lora_path = str(tmp_path / "dyn.safetensors"), str(tmp_path / "lora.safetensors")
+    comfyui.utils.save_torch_file({f"layers.{i}.{k}": (torch.randn(*shape, generator=g) / 8).half()
+                                   for i in range(3) for k, shape in (("weight", (128, 128)), ("bias", (128,)))},
+                                  path)
+    lora = {}
+    for i in range(3):
+        lora[f"lora.layers_{i}.lora_up.weight"] = (torch.randn(128, 4, generator=g) / 10).half()
+        lora[f"lora.layers_{i}.lora_down.weight"] = (torch.randn(4, 128, generator=g) / 10).half()
+    comfyui.utils.save_torch_file(lora, lora_path)
+    key_map = {f"lora.layers_{i}": f"layers.{i}.weight" for i in range(3)}
+    comfy_aimdo.control.init()
+    comfy_aimdo.control.init_devices([0])
+    comfy_aimdo.model_vbar.configure(vram_bytes=vram_kib * 1024, page_size=4096)
+    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
+    monkeypatch.setattr(comfyui.mm, "MAX_PINNED_MEMORY", 1 << 30)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart())
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    x = torch.randn(4, 128, generator=g)
+
+    def run():
+        net = _dynamic_net(comfyui, path)
+        patcher = comfyui.mp.ModelPatcherDynamic(net, load_device=gpu, offload_device=cpu)
+        patcher.add_patches(comfyui.lora.load_lora(comfyui.utils.load_torch_file(lora_path), key_map), 1.0)
+        patcher.partially_load(gpu)
+        assert all(s.weight_lowvram_function is not None for s in net.layers)
+        before = comfyui.mm.TOTAL_PINNED_MEMORY
+        with torch.no_grad():
+            outs = [_vbar_forward(comfyui, net, x) for _ in range(2)]
+        pinned = comfyui.mm.TOTAL_PINNED_MEMORY - before
+        patcher.partially_unload_ram(1e30)
+        return outs, pinned, patcher
+
+    plain, comfy_pinned, _ = run()
+    assert comfy_pinned > 0, "ComfyUI pins layers and patches itself"
+    assert integration.enable(cpu_targets=True)
+    served, comfy_pinned, patcher = run()
+    assert all(torch.equal(a, b) for a, b in zip(plain, served)), "pins changed an output"
+    assert comfy_pinned == 0, "ComfyUI pinned nothing of its own: one pool"
+    s, model = pins.stats(), integration.model_id(patcher)
+    patch_pins = s[f"model.{model}.patches.pins"] + s[f"model.{model}.patches-loaded.pins"]
+    assert patch_pins == 3 * 2, s  # each layer's up and down factor
+    casts = integration.stats()
+    assert casts["vbar_patch_casts"] >= 3 * 2 and casts.get("errors", 0) == 0, casts

@@ -25,8 +25,9 @@ Note [ComfyUI's switches]
 A ComfyUI switch about pinning wins over pins, and the INFO line of
 :func:`enable` says what pins does under it: ``--disable-pinned-memory``
 (ComfyUI pins nothing) leaves pins out, no hook in; ``--fast-disk`` (ComfyUI
-pins no layer that keeps a place in VRAM) registers every model ``fast_disk``:
-no ``-loaded`` pin, streamed weights pinned as ComfyUI pins them; ``--cpu``
+pins no layer that keeps a place in VRAM: it asks ``pin_memory`` only for the
+others) registers every model ``fast_disk`` and pins only what ComfyUI would
+pin: no ``-loaded`` pin; ``--cpu``
 serves nothing unless ``cpu_targets``. ``--async-offload`` (0.3.64: every cast
 of the old loader on an offload stream) is honoured by old_loader.
 
@@ -176,7 +177,8 @@ def enabled(**options) -> Iterator[Hooks]:
 
 def stats() -> Dict[str, Any]:
     """The integration's own counters: ``casts`` (served through pins by
-    ``cast_bias_weight``), ``vbar_casts`` (by ``cast_to_gathered``),
+    ``cast_bias_weight``), ``vbar_casts`` (by ``cast_to_gathered``; the
+    factors of lowvram LoRA patches there: ``vbar_patch_casts``),
     ``fallback.<reason>``, ``patch_casts``, ``declined_pins``, ``invalidations``
     and ``invalidated_bytes``, ``ram_freed_bytes``, ``errors``, ``models``,
     ``loaded_files`` (read by ``pins.load_file`` for ``load_torch_file``) and

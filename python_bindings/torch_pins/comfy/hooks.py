@@ -66,10 +66,11 @@ TABLE: Tuple[HookPoint, ...] = (
               "(0.33: `offloadable`; 0.3.64: every cast, `--async-offload`), taken only once pins serves the "
               "cast; its lowvram patch functions run on the result"),
     HookPoint("comfy.pinned_memory", "", "get_pin", dynamic_vram.wrap_get_pin, "vbar", NEWER,
-              "dynamic VRAM: no pin of ComfyUI's for a layer of a registered model; the layer and subset are "
-              "remembered for the copy"),
+              "dynamic VRAM: no pin of ComfyUI's for a layer of a registered model or for its lowvram LoRA "
+              "patch; the layer (patch) and subset are remembered for the copy"),
     HookPoint("comfy.pinned_memory", "", "pin_memory", dynamic_vram.wrap_pin_memory, "vbar", NEWER,
-              "dynamic VRAM: makes no aimdo host buffer for a layer of a registered model (`declined_pins`)"),
+              "dynamic VRAM: makes no aimdo host buffer for a layer of a registered model or its patch "
+              "(`declined_pins`)"),
     HookPoint(MM, "", "cast_to_gathered", dynamic_vram.wrap_cast_to_gathered, "vbar", NEWER,
               "dynamic VRAM: that layer's weight and bias, one pin and one transfer, go into ComfyUI's "
               "destination through pins, on ComfyUI's stream, `resident` for `weights-loaded`; under "

@@ -42,6 +42,10 @@ class VbarContext(threading.local):
     module: Any = None
     subset: str = "weights"
     wanted: bool = False  # ComfyUI asked pin_memory for it: it would pin the layer
+    layer_entry: Any = None  # the model of the layer asked about last (its lowvram patches are its)
+    patch: Any = None        # the LowVramPatch asked about last, served through pins
+    patch_subset: str = "patches"
+    patch_tensors: Any = ()  # ids of its factors
     prefetch: bool = False
     served: int = 0
     comfy_pin: int = 0
