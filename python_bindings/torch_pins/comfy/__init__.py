@@ -1,7 +1,7 @@
 """Plug pins into ComfyUI: ``torch_pins.comfy.enable()``.
 
-Call it once, in ComfyUI's own Python environment (a file in ``custom_nodes/``
-does it at start-up; README "ComfyUI" shows one). It replaces a few functions of
+Call it once, in ComfyUI's own Python environment (the node package
+``comfyui/`` of the repository does it at start-up; README "ComfyUI"). It replaces a few functions of
 the running ComfyUI with wrappers that call the original and pins around it, and
 :func:`disable` puts the originals back, so that ComfyUI then runs exactly as
 without pins. ``PINS_COMFY=0`` in the environment makes :func:`enable` a no-op.
