@@ -82,7 +82,7 @@ def _start() -> None:
     hooks = torch_pins.comfy.enable(cpu_targets=options["cpu_targets"])
     state.enabled = bool(hooks)
     if not state.enabled:  # enable() logged why
-        state.why = f"inactive: {hooks.reason}" if hooks.reason else f"off: {torch_pins.comfy.ENV_VAR} in the environment"
+        state.why = hooks.reason or "not enabled"
 
 
 def _serve() -> None:
