@@ -29,7 +29,6 @@ import subprocess
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from . import _library
 
 # The checkout this package sits in, when it is imported from python_bindings/
 # of a clone (make test's editable install) rather than from a wheel.

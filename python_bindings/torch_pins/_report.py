@@ -205,7 +205,8 @@ def text(r: Dict[str, Any]) -> str:
             lines.append(f"model {m['id']} {m['name']}: {_size(m['bytes'])} pinned ({parts or 'none'}), "
                          f"{m['hits']} hits, {m['misses']} misses")
         p = r["prompts"]
-        for label, rec in [("in total", p["total"]), ("this prompt", p["current"])] + [(f"prompt {x['prompt']}", x) for x in p["last"][-3:]]:
+        recent = [(f"prompt {x['prompt']}", x) for x in p["last"][-3:]]
+        for label, rec in [("in total", p["total"]), ("this prompt", p["current"])] + recent:
             lines.append(f"{label}: {rec['hits']} hits, {rec['misses']} misses, {_size(rec['hit_bytes'])} served "
                          f"from pins, {_size(rec['disk_read_bytes'])} read from disk")
     from . import Stats  # the package imports this module: late

@@ -18,7 +18,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 import zipfile
@@ -43,7 +42,8 @@ pytestmark = [
                                           "(scripts/comfyui_server_venv.sh makes one)"),
     pytest.mark.skipif(not COMFY_CLI, reason="no comfy-cli (`comfy` on PATH or PINS_COMFY_CLI) to pack the node"),
     pytest.mark.skipif(not CHROMIUM, reason="no chromium (apt-get install chromium, or PINS_CHROMIUM)"),
-    pytest.mark.skipif(playwright is None, reason="playwright is not installed in this Python (pip install playwright)"),
+    pytest.mark.skipif(playwright is None, reason="playwright is not installed in this Python "
+                                                  "(pip install playwright)"),
 ]
 
 # Test nodes in the server: a loader (a safetensors file through ComfyUI's

@@ -14,8 +14,10 @@ too (``patches``): ``get_pin``/``pin_memory`` answer "no pin" for the patch,
 and each factor ComfyUI then copies into its cast buffer
 (``comfy.lora.prefetch_prepared_value`` through ``cast_to_gathered``) is served
 from a pin of kind ``patches``, ``resident`` for ``patches-loaded``, signed by
-the patch set (patches). Unregistered modules keep ComfyUI's own path. A layer's weight and bias share one pin and one
-transfer (``cast_many_to_device``), as ComfyUI's gathered copy does."""
+the patch set (patches). Unregistered modules keep ComfyUI's own path. A
+layer's weight and bias share one pin and one host-to-device transfer
+(``cast_many_to_device``), as ComfyUI's gathered copy does; the two parts are
+then copied into ComfyUI's destination on the device."""
 import functools
 import logging
 import sys
@@ -176,7 +178,8 @@ def _patch_cast(state: Integration, tensors: Any, r: Any, r2: Any, non_blocking:
             not isinstance(tensors, (list, tuple)) or len(tensors) != 1 or id(tensors[0]) not in ctx.patch_tensors:
         return False
     t = tensors[0]
-    if not casting.is_cpu(t) or _subclass.is_wrapper(t) or (r.device.type == "cpu" and not state.options["cpu_targets"]):
+    if not casting.is_cpu(t) or _subclass.is_wrapper(t) or \
+            (r.device.type == "cpu" and not state.options["cpu_targets"]):
         return False
     entry = ctx.layer_entry
     view = sys.modules.get("comfy.memory_management").interpret_gathered_like([t], r)[0]
