@@ -52,12 +52,13 @@ from ._version import __version__
 _C = _library.load_extension(_library.load())
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from . import _subclass  # noqa: E402  (tensor wrapper subclasses: Note [Wrapper subclasses])
+from . import _report  # noqa: E402  (Note [Prompt history])
 
 __all__ = [
     "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "end_node", "prompt",
     "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "load_file", "stats",
     "Stats",
-    "summary", "locked_bytes", "configure", "config", "config_sources", "library_path", "__version__",
+    "summary", "locked_bytes", "configure", "config", "config_sources", "report", "library_path", "__version__",
     "stream", "unstream",
 ]
 
@@ -90,6 +91,7 @@ _cast_to_device = _C.cast_to_device if _C is not None else _cast_to_device_op
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _PLAIN_TYPES = _subclass._PLAIN_TYPES
 DeviceLike = Union[torch.device, str, int]
+_history = _report.PromptHistory(lambda: _ops.stats())
 
 
 def _check_signature(op: str, signature: Optional[int]) -> None:
@@ -137,8 +139,10 @@ def mark_prompt(models: Iterable[int]) -> None:
 
 
 def end_prompt() -> None:
-    """The prompt boundary: clears the marks and drops the ``patches`` pins."""
+    """The prompt boundary: clears the marks and drops the ``patches`` pins;
+    records what the prompt moved (:func:`report`, Note [Prompt history])."""
     _ops.end_prompt()
+    _history.record()
 
 
 def end_node() -> None:
@@ -344,6 +348,16 @@ def configure(conf: str = "", **keys) -> None:
             v = "true" if v else "false"
         parts.append(f"{k}:{v}")
     _ops.configure(",".join(parts))
+
+
+def report() -> Dict[str, object]:
+    """Everything ``python -m torch_pins stats --json`` prints, as a dict: the
+    version, library, torch, configuration (``{key: {"value", "source"}}``),
+    backend and ``counters`` (:func:`stats`); ``models`` (each model's pins and
+    bytes per subset), ``budget`` (pinned bytes against what the budget lets pins
+    hold now) and ``prompts`` (what each of the last 32 prompts moved, and the
+    current one: Note [Prompt history] in ``_report.py``)."""
+    return _report.report(_history)
 
 
 def config() -> Dict[str, str]:
