@@ -32,7 +32,7 @@ def test_a_library_built_for_another_torch_is_refused_with_a_clear_error(tmp_pat
 
 
 def test_a_library_built_for_another_patch_release_of_the_same_torch_loads(tmp_path):
-    # The wheel requires torch==X.Y.* (python_bindings/metadata/torch_release.py):
+    # The wheel requires torch==X.Y.* (python_bindings/backend/torch_release.py):
     # the import check accepts what that requirement lets pip install.
     import shutil
 
