@@ -295,8 +295,8 @@ TEST(BalancerIdleCachePins, UnderTheTraceALoadTakesItsOwnLayerThatStayedOnTheDev
 }
 
 // Note [First-seen models]: under the trace, a layer that stays on the device
-// of a model no record knows (a one-off workflow) takes no weight pin: the
-// pins of the workflow the records know stay. Its streamed layers may take
+// of a model no record knows (a one-off workflow) takes no weight pin of the
+// user's loop (a ran twice): its pins stay. Its streamed layers may take
 // them, and once a record knows the model its loaded layers are pinned like any.
 // mru evicts for it at once.
 TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
@@ -306,6 +306,7 @@ TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
     const ModelId a = f.bal.register_model("a", "cuda:0");
     const ModelId b = f.bal.register_model("b", "cuda:0");
     f.prompt(a, {1, 2, 3});
+    f.prompt(a, {1, 2, 3});  // a loop: a workflow that ran once is spared nothing
     f.bal.mark_prompt({b});
     const bool loaded = f.cast(f.req(b, 10, Kind::Weights, true));
     EXPECT_EQ(loaded, policy == PolicyKind::Mru);
@@ -317,6 +318,57 @@ TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
     EXPECT_TRUE(f.has(b, 10, Subset::WeightsLoaded));
     f.bal.end_prompt();
   }
+}
+
+// Note [First-seen models]: the rule spares only the user's loop, the last
+// prompt's workflow. a ran, then b twice; a new model c's loaded layer takes a
+// pin of a, which has not run since, under the trace (mru takes b's, the most
+// recently loaded).
+TEST(BalancerPolicy, TraceLetsAFirstSeenModelTakeThePinsOfAWorkflowThatHasNotRunSince) {
+  for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
+    SCOPED_TRACE(to_string(policy));
+    Fixture f(4, policy_config(policy));
+    const ModelId a = f.bal.register_model("a", "cuda:0");
+    const ModelId b = f.bal.register_model("b", "cuda:0");
+    const ModelId c = f.bal.register_model("c", "cuda:0");
+    f.prompt(a, {1, 2, 3});
+    f.prompt(b, {4});
+    f.prompt(b, {4});
+    f.bal.mark_prompt({c});
+    EXPECT_TRUE(f.cast(f.req(c, 10, Kind::Weights, true)));
+    EXPECT_EQ(f.count(a, Subset::Weights), policy == PolicyKind::Trace ? 2 : 3);
+    EXPECT_EQ(f.count(b, Subset::Weights), policy == PolicyKind::Trace ? 1 : 0);
+    f.bal.end_prompt();
+  }
+}
+
+// Note [Rule checks] for Note [First-seen models]: b, new after a's loop, is
+// refused its loaded layer to spare a; then b runs again before a: the rule was
+// wrong, and it stops. When a new model c comes after another loop d, its
+// loaded layer is pinned.
+TEST(BalancerPolicy, TraceStopsSparingAWorkflowForNewModelsThatRepeat) {
+  Fixture f(3, policy_config(PolicyKind::Trace));
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  const ModelId c = f.bal.register_model("c", "cuda:0");
+  const ModelId d = f.bal.register_model("d", "cuda:0");
+  const auto load = [&](ModelId m, uint64_t key) {
+    f.bal.mark_prompt({m});
+    const bool pinned = f.cast(f.req(m, key, Kind::Weights, true));
+    f.bal.end_prompt();
+    return pinned;
+  };
+  f.prompt(a, {1, 2, 3});
+  f.prompt(a, {1, 2, 3});
+  EXPECT_FALSE(load(b, 10)) << "first seen: a, a loop, is spared";
+  EXPECT_EQ(f.bal.stats().rule_first_seen_wrong, 0);
+  load(b, 10);  // b again, before a
+  EXPECT_EQ(f.bal.stats().rule_first_seen_wrong, 1);
+  // A loop d then holds every pin; c, new after it, is not refused: the rule stopped.
+  f.prompt(d, {31, 32, 33});
+  f.prompt(d, {31, 32, 33});
+  EXPECT_TRUE(load(c, 20)) << "the rule stopped: c's loaded layer takes a pin of d";
+  EXPECT_EQ(f.count(d, Subset::Weights), 2);
 }
 
 // Note [Cached conditioning]: an encoder e (one layer), a sampler s (one
