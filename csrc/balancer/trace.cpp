@@ -19,6 +19,8 @@ size_t TraceRecorder::context_choice(size_t first) const {
 
 size_t TraceRecorder::active() const {
   const size_t first = first_followed();
+  // A rerun (first == 0), the common case, reads no check.
+  if (first == 0 || first == records_.size()) return first;
   return context_check_.applies(kAnyModel) ? context_choice(first) : first;
 }
 

@@ -295,8 +295,8 @@ TEST(BalancerIdleCachePins, UnderTheTraceALoadTakesItsOwnLayerThatStayedOnTheDev
 }
 
 // Note [First-seen models]: under the trace, a layer that stays on the device
-// of a model no record knows (a one-off workflow) takes no weight pin of the
-// user's loop (a ran twice): its pins stay. Its streamed layers may take
+// of a model no record knows (a one-off workflow) takes no weight pin: the
+// pins of the workflow the records know stay. Its streamed layers may take
 // them, and once a record knows the model its loaded layers are pinned like any.
 // mru evicts for it at once.
 TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
@@ -306,7 +306,6 @@ TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
     const ModelId a = f.bal.register_model("a", "cuda:0");
     const ModelId b = f.bal.register_model("b", "cuda:0");
     f.prompt(a, {1, 2, 3});
-    f.prompt(a, {1, 2, 3});  // a loop: a workflow that ran once is spared nothing
     f.bal.mark_prompt({b});
     const bool loaded = f.cast(f.req(b, 10, Kind::Weights, true));
     EXPECT_EQ(loaded, policy == PolicyKind::Mru);
@@ -320,8 +319,8 @@ TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
   }
 }
 
-// Note [First-seen models]: the rule spares only the user's loop, the last
-// prompt's workflow. a ran, then b twice; a new model c's loaded layer takes a
+// Note [First-seen models]: the rule spares only the last prompt's workflow.
+// a ran, then b twice; a new model c's loaded layer takes a
 // pin of a, which has not run since, under the trace (mru takes b's, the most
 // recently loaded).
 TEST(BalancerPolicy, TraceLetsAFirstSeenModelTakeThePinsOfAWorkflowThatHasNotRunSince) {
