@@ -22,6 +22,11 @@ NODE_CLASS_MAPPINGS: dict = {}  # no node of its own
 NODE_DISPLAY_NAME_MAPPINGS: dict = {}
 WEB_DIRECTORY = "./web"
 REQUIRES = (0, 1, 0)  # the oldest torch-pins with what this node calls (torch_pins.report)
+# How torch-pins is installed (README, "Installing"): the wheel a release of the
+# repository attaches, for Linux x86-64; its manylinux tag is the one auditwheel
+# gave the build (scripts/release.py), hence the wildcard, which the shell expands
+# in the folder the wheel was downloaded to.
+WHEEL = "torch_pins-%d.%d.%d-py3-none-manylinux_*_x86_64.whl" % REQUIRES
 
 _log = logging.getLogger("torch_pins.comfy")
 
@@ -57,16 +62,18 @@ def _start() -> None:
     except ModuleNotFoundError as e:
         if e.name != "torch_pins":
             raise
-        return _off(f"missing: torch-pins is not installed in this ComfyUI's Python ({python}); install it with "
-                    f"`{python} -m pip install torch-pins` and restart ComfyUI. ComfyUI runs without pins.")
+        return _off(f"missing: torch-pins is not installed in this ComfyUI's Python ({python}); install the wheel "
+                    f"of a torch-pins release (not on PyPI) with `{python} -m pip install {WHEEL}` and restart "
+                    f"ComfyUI. ComfyUI runs without pins.")
     except ImportError as e:  # no build for this torch release, or the library does not load
         text = str(e).removeprefix("pins: ")
         return _off(f"mismatch: torch-pins does not load into this ComfyUI ({text}). ComfyUI runs without pins.")
     version = getattr(torch_pins, "__version__", "0")
     if _release(version) < REQUIRES or not hasattr(torch_pins, "report"):
         need = ".".join(map(str, REQUIRES))
-        return _off(f"mismatch: torch-pins {version} is older than this node needs ({need}); `{python} -m pip "
-                    f"install -U torch-pins` and restart ComfyUI. ComfyUI runs without pins.")
+        return _off(f"mismatch: torch-pins {version} is older than this node needs ({need}); install the wheel of "
+                    f"a newer torch-pins release with `{python} -m pip install {WHEEL}` and restart ComfyUI. "
+                    f"ComfyUI runs without pins.")
     try:
         options = settings.options_of(values)
         conf = settings.conf_of(values)

@@ -170,6 +170,22 @@ def test_node_off_in_the_settings_installs_nothing(comfy_host, caplog):
     assert s["comfy"]["enabled"] is False and s["comfy"]["why"].startswith("settings: off")
 
 
+def test_node_with_an_older_torch_pins_names_the_release_wheel_to_install(comfy_host, monkeypatch, caplog):
+    import torch_pins
+    import torch_pins.comfy
+
+    monkeypatch.setattr(torch_pins, "__version__", "0.0.9")
+    with caplog.at_level(logging.INFO, logger="torch_pins.comfy"):
+        _, routes = _load_node()
+    assert not torch_pins.comfy.is_enabled()
+    lines = [r.getMessage() for r in caplog.records if r.name == "torch_pins.comfy"]
+    assert lines == [f"pins: mismatch: torch-pins 0.0.9 is older than this node needs (0.1.0); install the wheel "
+                     f"of a newer torch-pins release with `{sys.executable} -m pip install "
+                     "torch_pins-0.1.0-py3-none-manylinux_*_x86_64.whl` and restart ComfyUI. ComfyUI runs without "
+                     "pins."], lines
+    assert routes.STATE.why.startswith("mismatch: torch-pins 0.0.9")
+
+
 # The node loaded as ComfyUI loads it, in a process of its own, with torch_pins
 # hidden or made not to load; prints its log and the route's answer.
 DRIVER = r"""
@@ -204,9 +220,12 @@ def _run_node(how, **env):
 def test_node_without_torch_pins_says_so_in_one_line_and_loads():
     logs, stats, out = _run_node("missing")
     assert len(logs) == 1, logs
+    # torch-pins is not on PyPI: the line names the release wheel (README, "Installing"), never `pip install torch-pins`.
     assert logs[0].startswith("torch_pins.comfy pins: missing: torch-pins is not installed in this ComfyUI's "
-                              f"Python ({sys.executable}); install it with `{sys.executable} -m pip install "
-                              "torch-pins`"), logs
+                              f"Python ({sys.executable}); install the wheel of a torch-pins release (not on PyPI) "
+                              f"with `{sys.executable} -m pip install torch_pins-0.1.0-py3-none-manylinux_*_x86_64.whl`"
+                              " and restart ComfyUI."), logs
+    assert "pip install torch-pins" not in logs[0], logs
     assert "NODES {}" in out.stdout and out.stderr == ""
     assert stats == {"enabled": False, "why": logs[0].split("pins: ", 1)[1]}
 
