@@ -14,12 +14,16 @@ machine). Then:
 - the source package (``build_sdist``, from the work tree as a clone has it);
 - for each build, a fresh venv that sees that build's torch and has no compiler,
   CMake or CUDA toolkit on PATH: ``pip install`` of the wheel (timed), a cast
-  through torch_pins._C, a hit, ``python -m torch_pins stats``;
+  through torch_pins._C, a hit, ``python -m torch_pins stats``; then, in the
+  last build's venv, the wheel's torch_pins._C for that Python removed (as on a
+  Python it carries none for): the casts go through the op, said once;
 - the source package built by the command the import error names, in a fresh
   venv with torch (--sdist-torch), and refused in one line under build isolation;
 - dist/RELEASE-REPORT.md and dist/release-report.json.
 
 Usage: python3 scripts/release.py [--venvs DIR] [--dist DIR] [--only 2.13-cpu,...]
+       [--torch-python 2.13-cpu=.venv/bin/python] [--pythons 3.10,...] [--junit FILE]
+(make test-platforms runs a short form: two builds, no other Pythons, no sdist.)
 The venvs hold several GB each (a CUDA torch and its libraries); keep them
 outside the tree (default ~/.cache/torch-pins/venvs).
 """
@@ -349,6 +353,48 @@ def install_check(wheel: str, build_name: str, torch_python: str, base_python: s
             "stats_head": [l for l in stats.splitlines() if l.startswith(("library", "releases", "fast path"))]}
 
 
+FALLBACK = r"""
+import json, sys, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch
+    import torch_pins as p
+    m = p.register_model("m", "cpu")
+    w = torch.randn(1 << 16)
+    outs = [p.cast_to_device(w, "cpu", dtype=torch.float16, model=m) for _ in range(2)]
+assert all(torch.equal(o, w.half()) for o in outs)
+print(json.dumps({"extension": p._C is not None, "hits": p.stats()["hits"], "misses": p.stats()["misses"],
+                  "said": [str(c.message) for c in caught if str(c.message).startswith("torch_pins:")]}))
+"""
+
+
+def fallback_check(build_name: str, torch_python: str, base_python: str, where: str) -> Dict:
+    """In the venv install_check left for this build and Python, the wheel's
+    torch_pins._C for that Python removed, as on a Python the wheel carries none
+    for (3.14, say): the casts go through the op, one a hit, and pins says once,
+    as a RuntimeWarning, that its fast path is off and which Pythons have it."""
+    own = sh([base_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout.strip()
+    venv = os.path.join(where, f"venv-{build_name}-py{own}")
+    lib_dir = os.path.join(site_packages(venv), "torch_pins", "_lib", "torch-" + build_name)
+    mine = [f for f in os.listdir(lib_dir) if f.startswith("_C.cpython-%s-" % own.replace(".", ""))]
+    if len(mine) != 1:
+        raise SystemExit(f"release: {lib_dir} holds {mine} for Python {own}, not one torch_pins._C")
+    os.remove(os.path.join(lib_dir, mine[0]))
+    env = clean_env(PATH=os.path.join(venv, "bin"))
+    check = json.loads(sh([os.path.join(venv, "bin", "python"), "-c", FALLBACK], env=env, cwd=where)
+                       .stdout.strip().splitlines()[-1])
+    minors = sorted(int(x) for x in re.findall(r"_C\.cpython-3(\d+)-", " ".join(os.listdir(lib_dir))))
+    others = [f"3.{m}" for m in minors]
+    has = f"it has torch_pins._C for Python {', '.join(others)}" if others else "it has no torch_pins._C"
+    want = f"torch_pins: the fast path is off: the build in {lib_dir} has no torch_pins._C for Python {own} ({has})"
+    if check["extension"] or (check["hits"], check["misses"]) != (1, 1):
+        raise SystemExit(f"release: {build_name} without torch_pins._C for Python {own}: {check}")
+    if len(check["said"]) != 1 or not check["said"][0].startswith(want):
+        raise SystemExit(f"release: {build_name} without torch_pins._C for Python {own} said {check['said']}, "
+                         f"not once: {want}")
+    return {"build": build_name, "python": own, "hits": check["hits"], "said": check["said"][0]}
+
+
 def other_python_venv(version: str, build: Build, torch_python: str, venvs: str) -> Optional[str]:
     """A venv of Python `version` with the same torch as `torch_python` (that
     Python's wheel of it, made once), whose other dependencies it takes from
@@ -443,6 +489,33 @@ def tools_venv(venvs: str, base_python: str) -> str:
     return python
 
 
+CASES: List[tuple] = []  # (name, seconds since the previous one, failure or None), for --junit
+_last = [time.monotonic()]
+
+
+def passed(name: str, result):
+    CASES.append((name, time.monotonic() - _last[0], None))
+    _last[0] = time.monotonic()
+    return result
+
+
+def write_junit(path: str, failure: Optional[str]) -> None:
+    """The checks as JUnit (scripts/summarize_tests.py): one case per passed
+    step, and one failure for the step that stopped the run."""
+    from xml.sax.saxutils import quoteattr
+    cases = list(CASES)
+    if failure is not None:
+        cases.append(("the step after " + (cases[-1][0] if cases else "the start"), time.monotonic() - _last[0],
+                      failure))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f'<testsuite name="release" tests="{len(cases)}">\n')
+        for name, seconds, fail in cases:
+            f.write(f'<testcase classname="release" name={quoteattr(name)} time="{seconds:.1f}"')
+            f.write(f'><failure message={quoteattr(fail[-2000:])}/></testcase>\n' if fail else "/>\n")
+        f.write("</testsuite>\n")
+
+
 def report(dist: str, data: Dict) -> str:
     lines = [f"# torch-pins {data['version']}: the release set", "",
              f"Made by `python3 scripts/release.py` on {data['machine']} in {data['minutes']} minutes "
@@ -463,6 +536,11 @@ def report(dist: str, data: Dict) -> str:
     for c in data["installs"]:
         lines.append(f"| {c['build']} | {c['torch']} | {c['python']} | {c['install_seconds']} | {c['paths']} | "
                      f"{c['hits']} |")
+    f = data.get("fallback")
+    if f:
+        lines += ["", f"Without torch_pins._C for the running Python ({f['build']}, Python {f['python']}, the "
+                  "module removed from the installed wheel): the casts go through the op, one a hit, and pins "
+                  f"says once: `{f['said']}`"]
     s = data.get("sdist_check")
     if s:
         lines += ["", f"The source package under build isolation: `{s['isolated_says']}`", "",
@@ -488,12 +566,34 @@ def main() -> int:
     parser.add_argument("--sdist-torch", default="2.13-cpu", help="the build whose torch builds the sdist ('' skips)")
     parser.add_argument("--other-pythons", default="3.10,3.12,3.13",
                         help="Python versions whose torch_pins._C is checked too, under the newest build's torch")
+    parser.add_argument("--pythons", default=",".join(PYTHONS),
+                        help="Python versions to build torch_pins._C for, besides each venv's own (where torch "
+                             "supports them and this machine has them with headers); '' for the venv's own only")
+    parser.add_argument("--torch-python", action="append", default=[], metavar="BUILD=PYTHON",
+                        help="a python whose torch to build BUILD against instead of a venv under --venvs, "
+                             "e.g. 2.13-cpu=.venv/bin/python (repeatable)")
+    parser.add_argument("--junit", default="", help="also write the checks as a JUnit report here")
+    parser.add_argument("--work", default=os.path.join(ROOT, "build-release"),
+                        help="the staged builds, the wheel's raw form and the check venvs (default build-release)")
     args = parser.parse_args()
+    try:
+        release(args, parser)
+    except SystemExit as e:
+        if args.junit:
+            write_junit(args.junit, str(e))
+        raise
+    if args.junit:
+        write_junit(args.junit, None)
+    return 0
+
+
+def release(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     start = time.monotonic()
+    given = dict(x.split("=", 1) for x in args.torch_python)
     builds = [b for b in BUILDS if not args.only or b.name in args.only.split(",")]
     if not builds:
         parser.error(f"--only names none of {[b.name for b in BUILDS]}: {args.only!r}")
-    dist, work = os.path.abspath(args.dist), os.path.join(ROOT, "build-release")
+    dist, work = os.path.abspath(args.dist), os.path.abspath(args.work)
     os.makedirs(dist, exist_ok=True)
     for old in glob.glob(os.path.join(dist, "torch_pins-*")):
         os.remove(old)
@@ -503,19 +603,24 @@ def main() -> int:
     shutil.rmtree(stage, ignore_errors=True)
     pythons, built = {}, []
     for b in builds:
-        pythons[b.name] = release_venv(b, args.venvs, args.python)
+        pythons[b.name] = os.path.abspath(given[b.name]) if b.name in given else release_venv(b, args.venvs,
+                                                                                              args.python)
         log(f"{b.name}: building against {venv_torch(pythons[b.name])}")
-        built.append(build_and_stage(b, pythons[b.name], stage, PYTHONS))
+        built.append(passed(f"build {b.name}", build_and_stage(b, pythons[b.name], stage,
+                                                               list(filter(None, args.pythons.split(","))))))
     src = os.path.join(work, "src")
     project_copy(src)
     sdist = make_sdist(src, dist, tools)
     raw = make_wheel(src, os.path.join(stage, "torch_pins", "_lib"), os.path.join(work, "raw"), tools)
-    wheel = audit(raw, dist, tools, torch_sonames(list(pythons.values())))
+    wheel = passed("auditwheel", audit(raw, dist, tools, torch_sonames(list(pythons.values()))))
     os.remove(raw)
     log(f"{os.path.basename(wheel['wheel'])}: {wheel['tag']}")
     wheel["size_mb"] = round(os.path.getsize(wheel["wheel"]) / 1e6, 1)
-    checks = [install_check(wheel["wheel"], b.name, pythons[b.name], args.python, os.path.join(work, "check"))
-              for b in builds]
+    checks = [passed(f"install {b.name}", install_check(wheel["wheel"], b.name, pythons[b.name], args.python,
+                                                        os.path.join(work, "check"))) for b in builds]
+    # The op path, where the wheel carries no torch_pins._C for the running Python: the last build's venv.
+    fallback = passed("op path without torch_pins._C", fallback_check(builds[-1].name, pythons[builds[-1].name],
+                                                                       args.python, os.path.join(work, "check")))
     for version in filter(None, args.other_pythons.split(",")):
         # Under the newest build whose torch supports that Python (2.15 dropped 3.10).
         fits = [b for b in builds if version in next(x["torch_pythons"] for x in built if x["build"] == b.name)]
@@ -524,14 +629,16 @@ def main() -> int:
             continue
         build = max(fits, key=lambda b: (tuple(map(int, b.release.split("."))), b.variant != "cpu"))
         python = other_python_venv(version, build, pythons[build.name], args.venvs)
-        checks.append(install_check(wheel["wheel"], build.name, python, python_for(version),
-                                    os.path.join(work, "check")))
+        checks.append(passed(f"install {build.name} Python {version}",
+                             install_check(wheel["wheel"], build.name, python, python_for(version),
+                                           os.path.join(work, "check"))))
     data = {"version": re.search(r'"(.+)"', open(os.path.join(src, "python_bindings", "torch_pins",
                                                                "_version.py")).read()).group(1),
-            "builds": built, "wheel": wheel, "installs": checks,
+            "builds": built, "wheel": wheel, "installs": checks, "fallback": fallback,
             "sdist": {"name": os.path.basename(sdist), "size_mb": round(os.path.getsize(sdist) / 1e6, 2)}}
     if args.sdist_torch in pythons:
-        data["sdist_check"] = sdist_check(sdist, pythons[args.sdist_torch], args.python, os.path.join(work, "check"))
+        data["sdist_check"] = passed("source package", sdist_check(sdist, pythons[args.sdist_torch], args.python,
+                                                                   os.path.join(work, "check")))
     elif args.sdist_torch:
         log(f"--sdist-torch {args.sdist_torch} is not among the builds made: the source package is not built here")
     commit = sh(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT).stdout.strip()
@@ -540,7 +647,6 @@ def main() -> int:
                 machine=f"{os.cpu_count()} cores, {os.uname().nodename}",
                 minutes=round((time.monotonic() - start) / 60, 1))
     log("report: " + report(dist, data))
-    return 0
 
 
 if __name__ == "__main__":
