@@ -36,6 +36,7 @@ raises ``ValueError``; a request that cannot be served in the current state
 ``RuntimeError``. Both say what was wrong and the value it got.
 """
 import contextlib
+import functools
 import os
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
@@ -72,6 +73,26 @@ _PLAIN_TYPES = _subclass._PLAIN_TYPES
 DeviceLike = Union[torch.device, str, int]
 
 
+def _host(fn):
+    """Note [Host calls under torch.compile]
+    The ops that keep pins' books (models, prompts, invalidation, freeing,
+    loading, counters, settings) take no tensor or give none that a graph
+    computes with. Dynamo would put them in its graph and AOTAutograd, which
+    records only what tensors flow through, would run them once while tracing
+    and leave them out of the compiled code: a compiled function would mark no
+    prompt and end no node after its first call. So while Dynamo traces, each
+    runs through ``torch.compiler.disable``: outside every graph, at every
+    call, where the program calls it. Eager calls go straight to the op (no
+    import of torch._dynamo for programs that never compile). The casts are
+    tensor ops and are traced."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not _is_dynamo_compiling():
+            return fn(*args, **kwargs)
+        return torch.compiler.disable(fn, reason="pins' bookkeeping runs where it is called")(*args, **kwargs)
+    return call
+
+
 def _check_signature(op: str, signature: Optional[int]) -> None:
     # The op takes an int64 or None; a clear error here rather than the
     # overload resolver's RuntimeError.
@@ -81,6 +102,7 @@ def _check_signature(op: str, signature: Optional[int]) -> None:
         raise ValueError(f"{op}: signature must be None or an int64, got {type(signature).__name__} {signature!r}")
 
 
+@_host
 def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False, size: int = 0) -> int:
     """Registers a model (weights that load and unload together) and returns its id.
 
@@ -100,27 +122,32 @@ def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False, 
     return _ops.register_model(name, torch.device(load_device), fast_disk, size)
 
 
+@_host
 def forget_model(model: int) -> None:
     """Forgets a model and frees all its pins."""
     _ops.forget_model(model)
 
 
+@_host
 def set_active(model: int, active: bool = True) -> None:
     """Marks a model as executing now (its streaming pins are then evicted last).
     Becoming active counts as being loaded again."""
     _ops.set_active(model, active)
 
 
+@_host
 def mark_prompt(models: Iterable[int]) -> None:
     """Marks models as used by the current prompt, starting a prompt if none runs."""
     _ops.mark_prompt(list(models))
 
 
+@_host
 def end_prompt() -> None:
     """The prompt boundary: clears the marks and drops the ``patches`` pins."""
     _ops.end_prompt()
 
 
+@_host
 def end_node() -> None:
     """A node boundary inside a prompt (ComfyUI ends one after every node): drops
     the ``patches`` pins, clears ``active`` on every model, drops pins of sources
@@ -221,6 +248,7 @@ def cast_many_to_device(sources: Sequence[torch.Tensor], device: DeviceLike, dty
                                          signature))
 
 
+@_host
 def invalidate(source: torch.Tensor) -> int:
     """Drops every pin (any model, any subset, gathered pins included) whose
     source bytes overlap ``source``'s bytes in its storage; returns the bytes
@@ -235,6 +263,7 @@ def invalidate(source: torch.Tensor) -> int:
     return _ops.invalidate(source)
 
 
+@_host
 def load_file(path: Union[str, "os.PathLike[str]"]) -> Dict[str, torch.Tensor]:
     """The tensors of the safetensors file at ``path``, by name, in the order of
     their bytes in the file: CPU tensors over a private (copy-on-write) mapping
@@ -252,12 +281,14 @@ def load_file(path: Union[str, "os.PathLike[str]"]) -> Dict[str, torch.Tensor]:
     return dict(_ops.load_file(os.fspath(path)))
 
 
+@_host
 def invalidate_model(model: int) -> int:
     """Drops every pin of ``model`` (which stays registered); returns the bytes
     dropped. A ``model`` that is not registered raises ``ValueError``."""
     return _ops.invalidate_model(model)
 
 
+@_host
 def free_pins(bytes: int, evict_active: bool = False, loaded: bool = False) -> int:
     """Frees at least ``bytes`` of pins along the eviction tiers (active models'
     streaming pins only with ``evict_active``; with ``loaded``, only the tiers a
@@ -284,6 +315,7 @@ class Stats(dict):
         return "\n".join(f"{k:<{width}}  {fmt(k, v)}" for k, v in sorted(self.items()))
 
 
+@_host
 def stats() -> Stats:
     """Every counter: pins, pinned and committed bytes, hits and misses, evictions
     by tier, refusals, casts served from the source by reason
@@ -296,6 +328,7 @@ def stats() -> Stats:
     return Stats(_ops.stats())
 
 
+@_host
 def locked_bytes() -> int:
     """The bytes pins holds page-locked now: ``stats()["locked_bytes"]`` without
     building every counter, for a check made before each page-lock of one's own
@@ -304,6 +337,7 @@ def locked_bytes() -> int:
     return int(_ops.locked_bytes())
 
 
+@_host
 def summary() -> str:
     """A few lines for people: pins and bytes per subset, hits, misses and hit
     rate, casts bypassed by reason, plain copies, what was freed, one line per
@@ -311,6 +345,7 @@ def summary() -> str:
     return _ops.summary()
 
 
+@_host
 def configure(conf: str = "", **keys) -> None:
     """Applies settings, in PINS_CONF syntax and/or as keywords:
     ``pins.configure("policy:trace", headroom="6G")``.
@@ -326,6 +361,7 @@ def configure(conf: str = "", **keys) -> None:
     _ops.configure(",".join(parts))
 
 
+@_host
 def config() -> Dict[str, str]:
     """The settings in force (PINS_CONF, then :func:`configure`), every key with
     its value as PINS_CONF writes it (sizes in bytes):
@@ -333,6 +369,7 @@ def config() -> Dict[str, str]:
     return dict(part.split(":", 1) for part in _ops.config().split(",") if part)
 
 
+@_host
 def config_sources() -> Dict[str, str]:
     """Where each setting of :func:`config` came from, every key: ``"default"``,
     ``"derived from the machine: RAM 23.54 GiB"`` (or ``cgroup limit``; for

@@ -74,11 +74,13 @@ def comfyui():
     import comfy.ops
     import comfy.utils
     import comfy.lora
+    import comfy.patcher_extension
     import execution
     import nodes
 
     assert comfy.model_management.get_torch_device() == torch.device("cpu")
     ns = types.SimpleNamespace(mm=comfy.model_management, mp=comfy.model_patcher, ops=comfy.ops,
+                               patcher_extension=comfy.patcher_extension,
                                utils=comfy.utils, lora=comfy.lora, execution=execution, nodes=nodes)
     test_nodes = _test_nodes(ns)
     nodes.NODE_CLASS_MAPPINGS.update(test_nodes)
@@ -189,6 +191,57 @@ def _test_nodes(c):
                 RUN.setdefault("steps", []).append((before, pins.stats()))
             return ({"samples": x},)
 
+    class TinyBase(torch.nn.Module):
+        """What ComfyUI's BaseModel is to a sampler: the network as
+        ``diffusion_model`` (the key TorchCompileModel compiles) and
+        ``apply_model`` running the patcher's APPLY_MODEL wrappers around it."""
+
+        def __init__(self):
+            super().__init__()
+            self.diffusion_model = TinyNet()
+
+        def apply_model(self, x, transformer_options):
+            pe = c.patcher_extension
+            wrappers = pe.get_all_wrappers(pe.WrappersMP.APPLY_MODEL, transformer_options)
+            return pe.WrapperExecutor.new_class_executor(self._apply_model, self, wrappers).execute(
+                x, transformer_options)
+
+        def _apply_model(self, x, transformer_options):
+            return self.diffusion_model(x)
+
+    class PinsTestBaseLoader(PinsTestLoader):
+        def load(self, path):
+            sd = c.utils.load_torch_file(path)
+            net = TinyBase()
+            net.diffusion_model.load_state_dict(sd)
+            patcher = c.mp.ModelPatcher(net, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+            RUN["patcher"] = patcher
+            return (patcher,)
+
+    class PinsTestApplySampler(PinsTestSampler):
+        """The sampler through apply_model, with the patcher's wrappers in
+        transformer_options as ComfyUI's sampler_helpers puts them. ``run``
+        changes nothing but the prompt: ComfyUI runs a prompt that differs from
+        the last one only there again (an identical one it serves from its cache)."""
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            types_ = PinsTestSampler.INPUT_TYPES()
+            types_["required"]["run"] = ("INT", {"default": 0, "min": 0, "max": 1 << 30})
+            return types_
+
+        def sample(self, model, seed, lowvram, run):
+            import torch_pins as pins
+
+            c.mm.load_models_gpu([model])
+            options = {"wrappers": {k: {k1: list(w) for k1, w in v.items()} for k, v in model.wrappers.items()}}
+            x = torch.randn(2, 32, generator=torch.Generator().manual_seed(seed))
+            for _ in range(STEPS):
+                before = pins.stats()
+                x = x + 0.25 * model.model.apply_model(x, options)
+                RUN.setdefault("steps", []).append((before, pins.stats()))
+            return ({"samples": x},)
+
     class PinsTestOutput:
         @classmethod
         def INPUT_TYPES(cls):
@@ -203,8 +256,16 @@ def _test_nodes(c):
             RUN.setdefault("outputs", []).append(samples["samples"].clone())
             return {}
 
-    return {"PinsTestLoader": PinsTestLoader, "PinsTestLora": PinsTestLora,
-            "PinsTestSampler": PinsTestSampler, "PinsTestOutput": PinsTestOutput}
+    found = {"PinsTestLoader": PinsTestLoader, "PinsTestLora": PinsTestLora, "PinsTestSampler": PinsTestSampler,
+             "PinsTestOutput": PinsTestOutput, "PinsTestBaseLoader": PinsTestBaseLoader,
+             "PinsTestApplySampler": PinsTestApplySampler}
+    try:  # ComfyUI's own node (comfy_extras), where this ComfyUI has it
+        from comfy_extras.nodes_torch_compile import TorchCompileModel
+    except Exception:  # noqa: BLE001
+        TorchCompileModel = None
+    if TorchCompileModel is not None:
+        found["TorchCompileModel"] = TorchCompileModel
+    return found
 
 
 class _Server:
@@ -386,6 +447,52 @@ def test_switched_off_by_the_environment(comfyui, integration, monkeypatch, tmp_
     assert comfyui.ops.cast_bias_weight is original
 
 
+def _compile_graph(weights, seed, run):
+    return {"1": {"class_type": "PinsTestBaseLoader", "inputs": {"path": weights}},
+            "2": {"class_type": "TorchCompileModel", "inputs": {"model": ["1", 0], "backend": "inductor"}},
+            "3": {"class_type": "PinsTestApplySampler",
+                  "inputs": {"model": ["2", 0], "seed": seed, "lowvram": False, "run": run}},
+            "4": {"class_type": "PinsTestOutput", "inputs": {"samples": ["3", 0]}}}
+
+
+def _compiled_run(comfyui, graphs):
+    """The prompts' outputs and how many frames Dynamo compiled for them
+    (recompiles included), from a fresh Dynamo."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    run = _run(comfyui, graphs)
+    return run, counters["frames"]["total"], counters["stats"]["unique_graphs"]
+
+
+def test_comfyuis_torch_compile_model_node_compiles_as_often_with_pins_as_without(comfyui, integration, tmp_path,
+                                                                                 fresh_compile):
+    if "TorchCompileModel" not in comfyui.nodes.NODE_CLASS_MAPPINGS:
+        pytest.skip("this ComfyUI has no TorchCompileModel node (comfy_extras.nodes_torch_compile)")
+    if "disable_dynamic" not in inspect.signature(comfyui.mp.ModelPatcher.clone).parameters:
+        pytest.skip("this ComfyUI's TorchCompileModel predates ModelPatcher.clone(disable_dynamic=...)")
+    weights = _write_weights(tmp_path / "model.safetensors", 9)
+    # Two prompts with the same seed, then another seed: compiled once, reused.
+    graphs = [_compile_graph(weights, seed, run) for run, seed in enumerate((1, 1, 2))]
+    plain, plain_frames, plain_graphs = _compiled_run(comfyui, graphs)
+    assert len(plain.outputs) == len(graphs) and _equal(plain.outputs[:1], plain.outputs[1:2])
+    assert integration.enable(cpu_targets=True)
+    served, frames, graphs_made = _compiled_run(comfyui, graphs)
+    RUN["compile_counts"] = (plain_frames, plain_graphs, frames, graphs_made)
+    print(f"TorchCompileModel (inductor), {len(graphs)} prompts of {STEPS} steps: Dynamo compiled "
+          f"{plain_frames} frames ({plain_graphs} graphs) without pins, {frames} frames ({graphs_made} graphs) "
+          f"with pins")
+    assert (frames, graphs_made) == (plain_frames, plain_graphs), "pins made Dynamo compile more often"
+    assert _equal(served.outputs, plain.outputs), "pins changed a compiled output"
+    assert _equal(served.outputs[:1], served.outputs[1:2]), "two identical prompts differ"
+    s = integration.stats()
+    assert s.get("errors", 0) == 0, s
+    hits = _delta(served.steps, f"model.{served.model}.hits")
+    assert sum(hits[1:]) > 0 and _delta(served.steps, f"model.{served.model}.misses")[1:] == \
+        [0] * (len(served.steps) - 1), "the compiled model casts through pins, from its pins after the first step"
+
+
 # Hook points only ComfyUI with dynamic VRAM (0.33) has.
 NEWER_HOOKS = {"comfy.model_management.cast_to_gathered", "comfy.model_management.reset_cast_buffers",
                "comfy.model_patcher.PromptModelTracker.start", "comfy.model_patcher.PromptModelTracker.add",
@@ -439,7 +546,7 @@ def test_the_old_loader_does_not_page_lock_a_weight_pins_pins(comfyui, integrati
     assert _equal(served.outputs, plain), "pins changed the outputs"
     s = integration.stats()
     assert registered == [] and s["declined_pins"] > 0, (registered, s)
-    assert s.get("errors", 0) == 0 and s["casts"] == len(graphs) * STEPS * 4, s
+    assert s.get("errors", 0) == 0 and s.get("casts") == len(graphs) * STEPS * 4, s
 
 
 def _dynamic_net(c, path):

@@ -224,12 +224,11 @@ class _Recorder:
 
 def _record_pins_calls(monkeypatch, integration, recorder):
     """Every module of the torch_pins.comfy package calls pins through its own
-    module-level name ``pins``: each one records into ``recorder``."""
-    import torch_pins
-
+    module-level name ``pins``: each one calls ``recorder`` instead (or the
+    real module again, given it)."""
     for info in pkgutil.iter_modules(integration.__path__):
         module = importlib.import_module(f"{integration.__name__}.{info.name}")
-        if getattr(module, "pins", None) is torch_pins:
+        if hasattr(module, "pins"):
             monkeypatch.setattr(module, "pins", recorder)
     monkeypatch.setattr(integration, "pins", recorder)
 
@@ -1271,3 +1270,38 @@ def test_a_module_holding_load_torch_file_by_name_is_hooked_and_restored_to_comf
     _assert_same_state_dict(sd, comfy(path))
     comfy_env.integration.disable()
     assert clip_vision.load_torch_file is comfy and utils.load_torch_file is comfy, "ComfyUI's own, not ours"
+
+
+# --- torch.compile of a model pins serves (issue 35; the real node: test_comfy.py) ---
+
+def test_a_compiled_model_compiles_as_often_with_pins_as_without_and_gives_the_same_values(comfy_env, monkeypatch,
+                                                                                          fresh_compile):
+    # Note [Bookkeeping under torch.compile]: the hooks' counters were guards
+    # of the compiled frame, so each call recompiled. The recorder stands
+    # aside: the real pins module, as in ComfyUI.
+    from torch._dynamo.utils import counters
+
+    _record_pins_calls(monkeypatch, comfy_env.integration, comfy_env.pins)
+    net, patcher = _net_and_patcher(comfy_env)
+    inputs = [torch.randn(3, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+
+    def run():
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(net)  # inductor, as ComfyUI's TorchCompileModel
+        with torch.no_grad():
+            outputs = [compiled(x) for x in inputs]
+        return outputs, counters["frames"]["total"]
+
+    plain, plain_frames = run()
+    assert comfy_env.integration.enable(cpu_targets=True)
+    comfy_env.m["comfy.model_management"].load_models_gpu([patcher])  # registers it, as ComfyUI's loads do
+    model = comfy_env.integration.model_id(patcher)
+    before = comfy_env.pins.stats()
+    served, frames = run()
+    after = comfy_env.pins.stats()
+    assert frames == plain_frames == 1, (frames, plain_frames)
+    assert all(torch.equal(a, b) for a, b in zip(served, plain)), "pins changed a compiled output"
+    misses = after[f"model.{model}.misses"] - before.get(f"model.{model}.misses", 0)
+    hits = after[f"model.{model}.hits"] - before.get(f"model.{model}.hits", 0)
+    assert misses == 2 and hits == 2 * (len(inputs) - 1), (misses, hits)  # l1 gathered, l2: pinned once

@@ -22,7 +22,7 @@ import torch_pins as pins
 
 from . import casting
 from .. import _subclass
-from .state import Integration, current
+from .state import Integration, count, current, log_once
 
 
 def _serves_layer(state: Integration, module: Any) -> bool:
@@ -46,7 +46,7 @@ def wrap_pin_memory(original):
         state = current()
         if state is not None and _serves_layer(state, module):
             state.vbar.module, state.vbar.subset = module, subset
-            state.count("declined_pins")
+            count("declined_pins")
             return None
         return original(module, subset, *args, **kwargs)
     return pin_memory
@@ -100,14 +100,14 @@ def wrap_cast_to_gathered(original):
         try:
             why = _vbar_cast(state, tensors, r, r2, non_blocking, stream)
         except Exception as e:
-            state.count("errors")
-            state.log_once(logging.WARNING, f"torch_pins.comfy: vbar cast through pins failed, ComfyUI casts "
-                                            f"instead: {type(e).__name__}: {e}")
+            count("errors")
+            log_once(logging.WARNING, f"torch_pins.comfy: vbar cast through pins failed, ComfyUI casts "
+                                      f"instead: {type(e).__name__}: {e}")
             why = "error"
         if why is None:
-            state.count("vbar_casts")
+            count("vbar_casts")
             return None
         if why != "vbar-no-layer":  # not a layer's weights (a patch, ComfyUI's own pin): not counted
-            state.count(f"fallback.{why}")
+            count(f"fallback.{why}")
         return original(tensors, r, non_blocking=non_blocking, stream=stream, r2=r2)
     return cast_to_gathered

@@ -15,7 +15,7 @@ import torch
 
 import torch_pins as pins
 
-from .state import Integration, ModelEntry, current
+from .state import Integration, ModelEntry, count, current, log_once
 
 
 def _forget(key: int, pins_id: int) -> None:
@@ -27,7 +27,7 @@ def _forget(key: int, pins_id: int) -> None:
     try:
         pins.forget_model(pins_id)
     except Exception as e:  # during interpreter shutdown the library may be gone
-        state.log_once(logging.DEBUG, f"torch_pins.comfy: forget_model({pins_id}) failed: {e}")
+        log_once(logging.DEBUG, f"torch_pins.comfy: forget_model({pins_id}) failed: {e}")
 
 
 def register(state: Integration, patcher: Any) -> Optional[ModelEntry]:
@@ -47,8 +47,8 @@ def register(state: Integration, patcher: Any) -> Optional[ModelEntry]:
             pins_id = pins.register_model(name, device, fast_disk=state.options["fast_disk"],
                                           size=_model_size(patcher))
         except Exception as e:
-            state.count("errors")
-            state.log_once(logging.WARNING, f"torch_pins.comfy: cannot register {name} on {device}: {e}")
+            count("errors")
+            log_once(logging.WARNING, f"torch_pins.comfy: cannot register {name} on {device}: {e}")
             return None
         entry = ModelEntry(pins_id, name, module)
         entry.finalizer = weakref.finalize(module, _forget, id(module), pins_id)
