@@ -199,8 +199,15 @@ def cast_to_device(source: torch.Tensor, device: DeviceLike, dtype: Optional[tor
     # the extension's entry (Note [Python fast path]) or else the op's overload.
     if signature is not None:
         _check_signature("cast_to_device", signature)
-    if type(source) not in _PLAIN_TYPES and _subclass.is_wrapper(source):
-        return _subclass.cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature, out)
+    if type(source) not in _PLAIN_TYPES:
+        if _subclass.is_wrapper(source):
+            return _subclass.cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature, out)
+        if out is None and isinstance(source, torch.Tensor):  # Note [Plain subclasses]
+            given = _subclass.op_source(source)
+            if type(device) is not torch.device:
+                device = torch.device(device)
+            cast = _cast_to_device_op if _is_dynamo_compiling() else _cast_to_device
+            return _subclass.rebuild(source, cast(given, device, dtype, non_blocking, model, kind, resident, signature))
     if type(device) is not torch.device:
         device = torch.device(device)
     if out is None:
@@ -244,8 +251,10 @@ def cast_many_to_device(sources: Sequence[torch.Tensor], device: DeviceLike, dty
             raise ValueError(f"cast_many_to_device: sources[{i}] must be a tensor, got {type(s).__name__}")
     if any(_subclass.is_wrapper(s) for s in sources):
         return _subclass.cast_many_to_device(sources, device, dtype, non_blocking, model, kind, resident, signature)
-    return list(_ops.cast_many_to_device(sources, torch.device(device), dtype, non_blocking, model, kind, resident,
-                                         signature))
+    subclassed = [_subclass.is_plain_subclass(s) for s in sources]  # Note [Plain subclasses]
+    casts = list(_ops.cast_many_to_device([_subclass.op_source(s) if sub else s for s, sub in zip(sources, subclassed)],
+                                          torch.device(device), dtype, non_blocking, model, kind, resident, signature))
+    return [_subclass.rebuild(s, c) if sub else c for s, c, sub in zip(sources, casts, subclassed)]
 
 
 @_host
