@@ -16,6 +16,7 @@ must be bit-identical.
 import gc
 import importlib
 import inspect
+import logging
 import importlib.machinery
 import os
 import sys
@@ -491,6 +492,69 @@ def test_comfyuis_torch_compile_model_node_compiles_as_often_with_pins_as_withou
     hits = _delta(served.steps, f"model.{served.model}.hits")
     assert sum(hits[1:]) > 0 and _delta(served.steps, f"model.{served.model}.misses")[1:] == \
         [0] * (len(served.steps) - 1), "the compiled model casts through pins, from its pins after the first step"
+
+
+def _tiny_wan_state_dict(kind):
+    """A one-block WAN 2.1 (ComfyUI's own WanModel, dim 128) as a quantized
+    checkpoint of ``kind``: its block's linear weights in fp8 or int8 with a
+    scale each, declared as ComfyUI reads them (mixed_fp8 and int8: the
+    ``_quantization_metadata`` header entry; scaled_fp8: the older
+    ``scaled_fp8`` marker and ``.scale_weight`` keys)."""
+    import json
+
+    import comfy.ops
+    from comfy.ldm.wan.model import WanModel
+
+    torch.manual_seed(0)
+    net = WanModel(dim=128, ffn_dim=256, num_layers=1, num_heads=1, in_dim=16, out_dim=16,
+                   operations=comfy.ops.disable_weight_init)
+    sd, layers = {}, {}
+    for k, v in net.state_dict().items():
+        v = (torch.randn(v.shape) * 0.02).half() if v.is_floating_point() else v
+        if not (k.startswith("blocks.") and k.endswith(".weight") and v.dim() == 2):
+            sd[k] = v
+            continue
+        layer = k[:-len(".weight")]
+        if kind == "int8":
+            scale = v.float().abs().amax() / 127
+            sd[k] = torch.round(v.float() / scale).to(torch.int8)
+        else:
+            scale = v.float().abs().amax() / 448
+            sd[k] = (v.float() / scale).to(torch.float8_e4m3fn)
+        sd[layer + (".scale_weight" if kind == "scaled_fp8" else ".weight_scale")] = scale.reshape(())
+        layers[layer] = {"format": "int8_tensorwise" if kind == "int8" else "float8_e4m3fn"}
+    if kind == "scaled_fp8":
+        sd["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+        return sd, {}
+    return sd, {"_quantization_metadata": json.dumps({"layers": layers})}
+
+
+@pytest.mark.parametrize("kind", ["mixed_fp8", "scaled_fp8", "int8"])
+def test_pins_changes_nothing_comfyui_computes_about_a_quantized_model(comfyui, integration, kind, caplog):
+    # ComfyUI 0.33's load_diffusion_model_state_dict makes the patcher before it
+    # loads the weights: pins once asked it for model_size() there, which it
+    # kept (the empty model's size), and its quantized ops logged a warning each.
+    import comfy.sd
+
+    if not hasattr(comfy.sd, "load_diffusion_model_state_dict") or importlib.util.find_spec("comfy.quant_ops") is None:
+        pytest.skip("this ComfyUI has no quantized diffusion models (comfy.quant_ops)")
+
+    def load():
+        sd, metadata = _tiny_wan_state_dict(kind)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            patcher = comfy.sd.load_diffusion_model_state_dict(sd, metadata=metadata)
+        warnings = [r.getMessage() for r in caplog.records if "uninitialized op" in r.getMessage()]
+        size = patcher.model_size()
+        return size, comfyui.mm.LoadedModel(patcher).model_memory(), warnings, patcher
+
+    plain_size, plain_memory, plain_warnings, _ = load()
+    assert plain_size > 1_000_000 and plain_memory == plain_size and plain_warnings == []
+    assert integration.enable()
+    size, memory, warnings, patcher = load()
+    assert integration.model_id(patcher) >= 0
+    assert (size, memory) == (plain_size, plain_memory), "pins changed ComfyUI's size of its model"
+    assert warnings == [], "pins made ComfyUI log about its ops"
 
 
 # Hook points only ComfyUI with dynamic VRAM (0.33) has.

@@ -158,8 +158,13 @@ def _stand_in_comfy(with_executor=True, with_ram_points=True):
         def model_patches_models(self):
             return []
 
-        def model_size(self):  # ComfyUI's: comfy.model_management.module_size(self.model)
-            return sum(t.nbytes for t in self.model.state_dict().values())
+        size = 0
+
+        def model_size(self):  # ComfyUI's: module_size(self.model), cached on the patcher
+            if self.size > 0:
+                return self.size
+            self.size = sum(t.nbytes for t in self.model.state_dict().values())
+            return self.size
 
         def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
             if key not in self.patches:
@@ -415,6 +420,41 @@ def test_patchers_register_one_model_per_weight_module_and_forget_it_with_them(c
     gc.collect()
     assert ("forget_model", (model,), {}) in comfy_env.rec.calls
     assert comfy_env.integration.stats()["models"] == 1
+
+
+class _Unloaded(torch.nn.Module):
+    """A layer made before its weights are loaded, as ComfyUI 0.33's quantized
+    ops are: no weight until load_state_dict; state_dict warns until then."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+        self.bias = torch.nn.Parameter(torch.zeros(n), requires_grad=False)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self.weight = torch.nn.Parameter(torch.empty_like(state_dict[prefix + "weight"]), requires_grad=False)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def state_dict(self, *args, destination=None, prefix="", **kwargs):
+        if not hasattr(self, "weight"):
+            logging.getLogger("comfy.ops").warning("Warning: state dict on uninitialized op %s", prefix)
+        return super().state_dict(*args, destination=destination, prefix=prefix, **kwargs)
+
+
+def test_registering_a_model_changes_nothing_comfyui_computes_about_it(comfy_env, caplog):
+    # ComfyUI 0.33 makes a diffusion model's patcher before it loads the
+    # weights: a model_size() from the registration cached the empty model's
+    # size in the patcher, and each op without weights logged a warning.
+    comfy_env.integration.enable()
+    net = torch.nn.Sequential(_Unloaded(64), _Unloaded(64))
+    with caplog.at_level(logging.WARNING):
+        patcher = comfy_env.m["comfy.model_patcher"].ModelPatcher(net, torch.device("cpu"), torch.device("cpu"))
+    assert comfy_env.integration.model_id(patcher) >= 0
+    assert patcher.size == 0, "pins asked ComfyUI for the size, which ComfyUI then keeps"
+    assert not [r for r in caplog.records if "uninitialized op" in r.getMessage()]
+    net.load_state_dict({f"{i}.{k}": torch.randn(64, 64) if k == "weight" else torch.zeros(64)
+                         for i in range(2) for k in ("weight", "bias")})
+    assert patcher.model_size() == 2 * (64 * 64 + 64) * 4, "ComfyUI's own size of the loaded model"
 
 
 def test_disable_forgets_the_models(comfy_env):
