@@ -471,8 +471,6 @@ def test_comfyuis_torch_compile_model_node_compiles_as_often_with_pins_as_withou
                                                                                  fresh_compile):
     if "TorchCompileModel" not in comfyui.nodes.NODE_CLASS_MAPPINGS:
         pytest.skip("this ComfyUI has no TorchCompileModel node (comfy_extras.nodes_torch_compile)")
-    if "disable_dynamic" not in inspect.signature(comfyui.mp.ModelPatcher.clone).parameters:
-        pytest.skip("this ComfyUI's TorchCompileModel predates ModelPatcher.clone(disable_dynamic=...)")
     weights = _write_weights(tmp_path / "model.safetensors", 9)
     # Two prompts with the same seed, then another seed: compiled once, reused.
     graphs = [_compile_graph(weights, seed, run) for run, seed in enumerate((1, 1, 2))]
@@ -555,6 +553,125 @@ def test_pins_changes_nothing_comfyui_computes_about_a_quantized_model(comfyui, 
     assert integration.model_id(patcher) >= 0
     assert (size, memory) == (plain_size, plain_memory), "pins changed ComfyUI's size of its model"
     assert warnings == [], "pins made ComfyUI log about its ops"
+
+
+# --- ComfyUI-GGUF (issue 35): its layers cast their own weights ---
+
+def _gguf_node_path():
+    """A ComfyUI-GGUF checkout: $COMFYUI_GGUF_PATH, else one in the ComfyUI
+    checkout's custom_nodes/ (scripts/comfyui_checkout.sh puts it there)."""
+    path = os.environ.get("COMFYUI_GGUF_PATH")
+    if path:
+        return path
+    root = os.path.join(COMFYUI_PATH, "custom_nodes")
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+        ops = os.path.join(root, name, "ops.py")
+        if os.path.isfile(ops) and "class GGMLLayer" in open(ops).read():
+            return os.path.join(root, name)
+    return None
+
+
+GGUF_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+
+
+def _write_tiny_wan_gguf(path):
+    """A one-block WAN 2.1 (ComfyUI's WanModel, dim 128) as a GGUF file, as
+    ComfyUI-GGUF's converter writes one: its 2-D weights quantized in turn as
+    Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1, 1-D biases F16, other tensors F32, the
+    5-D patch embedding flattened with its shape in ``comfy.gguf.orig_shape``.
+    Returns the quantized tensors' names by type."""
+    import comfy.ops
+    import gguf
+    import numpy as np
+    from comfy.ldm.wan.model import WanModel
+
+    torch.manual_seed(0)
+    net = WanModel(dim=128, ffn_dim=256, num_layers=1, num_heads=1, in_dim=16, out_dim=16,
+                   operations=comfy.ops.disable_weight_init)
+    writer = gguf.GGUFWriter(str(path), "wan")
+    by_type = {t: [] for t in GGUF_TYPES}
+    g = torch.Generator().manual_seed(5)
+    for k, v in net.state_dict().items():
+        a = (torch.randn(v.shape, generator=g) * 0.05).numpy().astype(np.float32)
+        if v.dim() == 2 and v.shape[1] % 32 == 0:
+            qtype = GGUF_TYPES[sum(len(n) for n in by_type.values()) % len(GGUF_TYPES)]
+            by_type[qtype].append(k)
+            writer.add_tensor(k, gguf.quants.quantize(a, gguf.GGMLQuantizationType[qtype]),
+                              raw_dtype=gguf.GGMLQuantizationType[qtype])
+        elif v.dim() > 4:
+            writer.add_array(f"comfy.gguf.orig_shape.{k}", list(v.shape))
+            writer.add_tensor(k, a.reshape(v.shape[0], -1).astype(np.float16))
+        elif v.dim() == 1 and k.endswith(".bias"):
+            writer.add_tensor(k, a.astype(np.float16))
+        else:
+            writer.add_tensor(k, a)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return by_type
+
+
+def _run_gguf(comfyui, name, steps=3):
+    """ComfyUI-GGUF's UnetLoaderGGUF loads the file, ComfyUI loads the model,
+    then ``steps`` calls of its apply_model; the outputs and pins.stats() per step."""
+    import torch_pins as pins
+    import torch_pins.comfy as integration
+
+    (patcher,) = comfyui.nodes.NODE_CLASS_MAPPINGS["UnetLoaderGGUF"]().load_unet(name)
+    comfyui.mm.load_models_gpu([patcher])
+    g = torch.Generator().manual_seed(1)
+    x, context = torch.randn(1, 16, 1, 4, 4, generator=g), torch.randn(1, 8, 4096, generator=g)
+    outputs, stats = [], []
+    for _ in range(steps):
+        before = pins.stats()
+        with torch.inference_mode():
+            outputs.append(patcher.model.apply_model(x, torch.tensor([0.5]), c_crossattn=context))
+        stats.append((before, pins.stats()))
+    model = integration.model_id(patcher)
+    comfyui.mm.unload_all_models()
+    return types.SimpleNamespace(outputs=outputs, steps=stats, model=model, patcher=patcher)
+
+
+def test_comfyui_gguf_layers_cast_through_pins_bit_identical_and_hit_from_the_second_step(comfyui, integration,
+                                                                                         tmp_path):
+    pytest.importorskip("gguf", reason="ComfyUI-GGUF needs the gguf package")
+    node = _gguf_node_path()
+    if node is None:
+        pytest.skip("no ComfyUI-GGUF checkout: set COMFYUI_GGUF_PATH or put one in the checkout's custom_nodes/")
+    import asyncio
+
+    import folder_paths
+
+    by_type = _write_tiny_wan_gguf(tmp_path / "tiny.gguf")
+    assert all(by_type.values()), by_type
+    folder_paths.add_model_folder_path("unet", str(tmp_path))
+    loaded = "UnetLoaderGGUF" in comfyui.nodes.NODE_CLASS_MAPPINGS
+    if not loaded:  # loaded as ComfyUI loads it, with pins enabled: its hooks go in as it arrives
+        assert integration.enable(cpu_targets=True)
+        assert not {"ComfyUI-GGUF.ops.GGMLLayer.cast_bias_weight"} & set(integration.stats()["hooks"])
+        assert asyncio.run(comfyui.nodes.load_custom_node(node))
+        assert {"ComfyUI-GGUF.ops.GGMLLayer.cast_bias_weight", "ComfyUI-GGUF.ops.GGMLTensor.to"} <= \
+            set(integration.stats()["hooks"])
+        integration.disable()
+    plain = _run_gguf(comfyui, "tiny.gguf")
+    assert plain.model == -1
+    hooks = integration.enable(cpu_targets=True)  # ComfyUI-GGUF is loaded already: found where it is
+    assert {"ComfyUI-GGUF.ops.GGMLLayer.cast_bias_weight", "ComfyUI-GGUF.ops.GGMLTensor.to"} <= hooks
+    served = _run_gguf(comfyui, "tiny.gguf")
+    assert all(torch.equal(a, b) for a, b in zip(served.outputs, plain.outputs)), "pins changed a GGUF output"
+    s = integration.stats()
+    quantized = sum(len(v) for v in by_type.values())
+    hits = _delta(served.steps, f"model.{served.model}.hits")
+    misses = _delta(served.steps, f"model.{served.model}.misses")
+    print(f"GGUF (tiny WAN, {quantized} quantized weights of {', '.join(GGUF_TYPES)}), 3 steps with pins: "
+          f"hits {hits}, misses {misses}, {s.get('gguf_casts')} GGUF casts")
+    assert s.get("errors", 0) == 0 and s["gguf_casts"] >= 3 * quantized, s
+    assert misses[0] >= quantized and misses[1:] == [0, 0], misses
+    assert hits[0] == 0 and hits[1] == hits[2] == misses[0], hits
+    integration.disable()
+    after = _run_gguf(comfyui, "tiny.gguf")
+    assert all(torch.equal(a, b) for a, b in zip(after.outputs, plain.outputs))
 
 
 # Hook points only ComfyUI with dynamic VRAM (0.33) has.

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import gc
 import importlib
+import importlib.util
 import logging
 import os
 import pkgutil
@@ -177,8 +178,21 @@ def _stand_in_comfy(with_executor=True, with_ram_points=True):
 
     mp.ModelPatcher, mp.LowVramPatch = ModelPatcher, LowVramPatch
     comfy.ops, comfy.model_management, comfy.utils, comfy.model_patcher = ops, mm, utils, mp
+
+    nodes = types.ModuleType("nodes")
+
+    async def load_custom_node(module_path, ignore=set(), module_parent="custom_nodes"):
+        """As ComfyUI's: a custom node's package imported under its path."""
+        name = module_path.replace(".", "_x_")
+        spec = importlib.util.spec_from_file_location(name, os.path.join(module_path, "__init__.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return True
+
+    nodes.load_custom_node = load_custom_node
     modules = {"comfy": comfy, "comfy.ops": ops, "comfy.model_management": mm,
-               "comfy.utils": utils, "comfy.model_patcher": mp}
+               "comfy.utils": utils, "comfy.model_patcher": mp, "nodes": nodes}
 
     if with_executor:
         execution = types.ModuleType("execution")
@@ -1345,3 +1359,97 @@ def test_a_compiled_model_compiles_as_often_with_pins_as_without_and_gives_the_s
     misses = after[f"model.{model}.misses"] - before.get(f"model.{model}.misses", 0)
     hits = after[f"model.{model}.hits"] - before.get(f"model.{model}.hits", 0)
     assert misses == 2 and hits == 2 * (len(inputs) - 1), (misses, hits)  # l1 gathered, l2: pinned once
+
+
+# --- ComfyUI-GGUF's layers (issue 35; the real node: test_comfy.py) ---
+
+GGUF_NODE = os.path.join(os.path.dirname(__file__), "standins", "comfyui_gguf")
+
+
+def _write_gguf(path, gguf):
+    """Five layers of 8 x 64, their weights Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1,
+    their biases F16 and F32 in turn."""
+    import numpy as np
+
+    g = np.random.default_rng(3)
+    writer = gguf.GGUFWriter(str(path), "test")
+    for i, name in enumerate(["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]):
+        qtype = gguf.GGMLQuantizationType[name]
+        writer.add_tensor(f"{i}.weight", gguf.quants.quantize(g.standard_normal((8, 64), np.float32) / 8, qtype),
+                          raw_dtype=qtype)
+        writer.add_tensor(f"{i}.bias", g.standard_normal(8, np.float32).astype(np.float16 if i % 2 else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture
+def gguf_node(comfy_env):
+    """The stand-in ComfyUI-GGUF, loaded as ComfyUI loads a custom node (with
+    pins enabled: its hooks go in as it arrives); gone from sys.modules after."""
+    gguf = pytest.importorskip("gguf", reason="GGUF files are written with the gguf package")
+    comfy_env.integration.enable(cpu_targets=True)
+    assert "ComfyUI-GGUF.ops.GGMLTensor.to" not in comfy_env.integration.stats()["hooks"]
+    name = GGUF_NODE.replace(".", "_x_")
+    asyncio.run(comfy_env.m["nodes"].load_custom_node(GGUF_NODE))
+    try:
+        yield types.SimpleNamespace(gguf=gguf, ops=sys.modules[name + ".ops"], loader=sys.modules[name + ".loader"])
+    finally:
+        comfy_env.integration.disable()
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+
+
+def test_a_gguf_layer_casts_through_pins_keeping_its_quantization_and_hits_from_the_second_step(
+        comfy_env, gguf_node, tmp_path):
+    hooks = comfy_env.integration.stats()["hooks"]
+    assert {"ComfyUI-GGUF.ops.GGMLLayer.cast_bias_weight", "ComfyUI-GGUF.ops.GGMLTensor.to"} <= set(hooks)
+    _write_gguf(tmp_path / "t.gguf", gguf_node.gguf)
+    net = torch.nn.Sequential(*(gguf_node.ops.Linear(64, 8) for _ in range(5)))
+    net.load_state_dict(gguf_node.loader.gguf_sd_loader(str(tmp_path / "t.gguf")))
+    assert all(l.is_ggml_quantized() for l in net)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+
+    def run():
+        with torch.inference_mode():
+            return [torch.cat([layer(x) for layer in net]) for _ in range(3)]
+
+    comfy_env.integration.disable()
+    plain = run()
+    want = torch.cat([x @ gguf_node.ops.dequantize_tensor(l.weight, torch.float32).t()
+                      + l.bias.as_subclass(torch.Tensor).float() for l in net])
+    assert torch.equal(plain[0], want), "the stand-in dequantizes"
+    comfy_env.integration.enable(cpu_targets=True)  # the node is loaded already: its hooks are found
+    patcher = comfy_env.m["comfy.model_patcher"].ModelPatcher(net, torch.device("cpu"), torch.device("cpu"))
+    model = comfy_env.integration.model_id(patcher)
+    steps = []
+    for _ in range(3):
+        before = comfy_env.pins.stats()
+        steps.append((run()[0], before, comfy_env.pins.stats()))
+    assert all(torch.equal(out, plain[0]) for out, _, _ in steps), "pins changed a dequantized output"
+    misses = [a[f"model.{model}.misses"] - b.get(f"model.{model}.misses", 0) for _, b, a in steps]
+    hits = [a[f"model.{model}.hits"] - b.get(f"model.{model}.hits", 0) for _, b, a in steps]
+    assert misses == [10, 0, 0] and hits == [2 * 10, 3 * 10, 3 * 10], (misses, hits)  # weight and bias of 5 layers
+    s = comfy_env.integration.stats()
+    assert s["gguf_casts"] == 3 * 3 * 10 and s.get("errors", 0) == 0, s
+
+
+def test_a_gguf_weight_moved_through_pins_is_what_its_to_gives(comfy_env, gguf_node, tmp_path):
+    _write_gguf(tmp_path / "t.gguf", gguf_node.gguf)
+    layer = gguf_node.ops.Linear(64, 8)
+    sd = gguf_node.loader.gguf_sd_loader(str(tmp_path / "t.gguf"))
+    layer.load_state_dict({k[2:]: v for k, v in sd.items() if k.startswith("1.")})
+    layer.weight.patches = [("lora", 0.5)]
+    comfy_env.m["comfy.model_patcher"].ModelPatcher(layer, torch.device("cpu"), torch.device("cpu"))
+    seen = []
+    layer.get_weight = lambda tensor, dtype: seen.append(tensor) or gguf_node.ops.dequantize_tensor(tensor, dtype)
+    layer.cast_bias_weight(torch.zeros(1, 64))
+    want = layer.weight.to("cpu")
+    bias, weight = seen
+    assert type(weight) is gguf_node.ops.GGMLTensor and weight is not layer.weight, "moved through pins"
+    assert (weight.tensor_type, weight.tensor_shape) == (want.tensor_type, want.tensor_shape) == \
+        (gguf_node.gguf.GGMLQuantizationType.Q4_0, torch.Size([8, 64]))
+    assert weight.patches == [("lora", 0.5)] and weight.patches is not layer.weight.patches
+    assert torch.equal(weight.as_subclass(torch.Tensor), layer.weight.as_subclass(torch.Tensor))
+    assert bias.tensor_type == gguf_node.gguf.GGMLQuantizationType.F16 and bias is not layer.bias
