@@ -1,4 +1,5 @@
-// The host pool behind every pin.
+// The host pool behind every pin (written in csrc/pool/pool*.cpp, one concern a
+// file: pool_records.h lists them).
 //
 // Note [Host pool layout]
 // Segments are large reservations of address space (PoolOptions::segment_size,
@@ -245,8 +246,31 @@ class HostPool {
     Segment* seg;
   };
 
+  // try_allocate()'s steps (pool_allocate.cpp). Those that call the backend
+  // release mu_ around the call and hold it again when they return.
   void* finish(Block* b, size_t requested) PINS_REQUIRES(mu_);
   Block* take_free(size_t asize, bool locked) PINS_REQUIRES(mu_);
+  // Locks a cut of the prewarmed extent `pre` for a request of `need` (whole
+  // pages) and lists it idle: locked, or, when the backend refuses (counted),
+  // unlocked. Whether it locked.
+  bool lock_prewarmed(Extent* pre, size_t need) PINS_REQUIRES(mu_);
+  // Room under the cap for `need` more committed bytes: there already, made by
+  // decommitting idle extents (the caller looks again), or none to be made.
+  enum class Room { Fits, Freed, Refused };
+  Room make_room(size_t need) PINS_REQUIRES(mu_);
+  // The extent a request of `need` commits now: extent_size(need), cut to whole
+  // pages of what the cap leaves.
+  size_t new_extent_size(size_t need) const PINS_REQUIRES(mu_);
+  // Free address space for an extent of `esize` bytes, or of `need` (esize is
+  // set to it) when no range holds esize.
+  bool take_space(size_t need, size_t& esize, uintptr_t* addr, Segment** seg) PINS_REQUIRES(mu_);
+  // Reserves a segment of at least `bytes` and lists its range free; false when
+  // the backend refuses.
+  bool reserve_segment(size_t bytes) PINS_REQUIRES(mu_);
+  // Commits (and locks when `lock`) [addr, addr + esize), taken from seg's free
+  // ranges, and lists it as an idle extent; false, the range given back, when
+  // the backend refuses either.
+  bool commit_extent(uintptr_t addr, size_t esize, Segment* seg, bool lock) PINS_REQUIRES(mu_);
   void release(Block* b) PINS_REQUIRES(mu_);
   std::vector<Extent*> pick_idle(size_t over) PINS_REQUIRES(mu_);
   // The extent a request of `need` (whole pages) commits: extent_min when it
@@ -262,6 +286,9 @@ class HostPool {
   Extent* take_prewarmed(Extent* e, size_t esize) PINS_REQUIRES(mu_);
   // The smallest prewarmed extent of at least `bytes`; nullptr when none.
   Extent* find_prewarmed(size_t bytes) const PINS_REQUIRES(mu_);
+  // Where prewarm() commits `esize` bytes: right after the last prewarmed
+  // extent when its segment is free there, else the best fit.
+  bool take_prewarm_space(size_t esize, uintptr_t* addr, Segment** seg) PINS_REQUIRES(mu_);
   // Joins the listed prewarmed extent `e` with prewarmed neighbours of its
   // segment; returns the extent that holds it now.
   Extent* join_prewarmed(Extent* e) PINS_REQUIRES(mu_);

@@ -1,4 +1,5 @@
-// Pins shared by every process of a host (torch-free).
+// Pins shared by every process of a host (torch-free). Linux: csrc/share/*_linux.cpp
+// (index_linux.h lists them); Windows: host_share_win.cpp.
 //
 // Note [Shared pins]
 // A host that runs one process per GPU pins the same weights once per

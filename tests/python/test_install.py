@@ -307,6 +307,7 @@ def test_installed_cmake_package_of_the_cpp_app_names_no_path_of_the_build_machi
                 "lib/cmake/pins/pinsConfigVersion.cmake", "lib/cmake/pins/pinsTargets.cmake",
                 "share/doc/pins/LICENSE"]:
         assert os.path.isfile(os.path.join(prefix, rel)), rel
+    assert not os.path.exists(os.path.join(prefix, "bin")), "no program is installed: tests and their helpers stay"
     # Every public header of the source tree is installed.
     for dirpath, _, filenames in os.walk(os.path.join(SRC, "include", "pins")):
         for name in filenames:

@@ -109,6 +109,44 @@ def test_help_prints_usage_to_stdout_and_exits_0(args, usage):
     assert out.stderr == ""
 
 
+BUILD = os.path.join(ROOT, "build")
+
+
+def _executables(folder):
+    if not os.path.isdir(folder):
+        return []
+    return sorted(n for n in os.listdir(folder)
+                  if os.path.isfile(os.path.join(folder, n)) and os.access(os.path.join(folder, n), os.X_OK))
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(BUILD, "bin")), reason="build/bin not built (make build)")
+def test_build_bin_holds_tools_that_answer_help_and_no_test_helper():
+    """build/bin is where a user finds pins' tools (and the test suites ctest
+    runs): each answers --help with status 0. A program a test runs as its child
+    (the chaos test's worker) lives in build/test-helpers instead."""
+    tools = _executables(os.path.join(BUILD, "bin"))
+    assert "pins-sim" in tools and "pins-bench" in tools, tools
+    helpers = _executables(os.path.join(BUILD, "test-helpers"))
+    assert not set(helpers) & set(tools), f"test helpers in build/bin: {sorted(set(helpers) & set(tools))}"
+    assert not [t for t in tools if "worker" in t or "helper" in t], tools
+    for name in tools:
+        out = subprocess.run([os.path.join(BUILD, "bin", name), "--help"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, f"build/bin/{name} --help: status {out.returncode}\n{out.stdout}{out.stderr}"
+        assert out.stdout.strip(), f"build/bin/{name} --help printed nothing on stdout"
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(BUILD, "cmake_install.cmake")), reason="build/ not configured")
+def test_install_ships_no_test_program(tmp_path):
+    """cmake --install (every component this build has) installs the library, its
+    headers and CMake package: no test suite and no test helper."""
+    out = subprocess.run(["cmake", "--install", BUILD, "--prefix", str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    installed = [os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path) for f in fs]
+    assert any(p.endswith("libpins.so") for p in installed), installed
+    built = set(_executables(os.path.join(BUILD, "bin"))) | set(_executables(os.path.join(BUILD, "test-helpers")))
+    assert not [p for p in installed if os.path.basename(p) in built or p.startswith("bin")], installed
+
+
 @pytest.mark.parametrize("args,message", [
     ([SIM, "--trace", "t.json", "--frobnicate"], 'pins-sim: unknown argument "--frobnicate"'),
     ([SIM, "--trace", "t.json", "--runs", "many"], 'pins-sim: --runs: expected a positive integer, got "many"'),
@@ -318,6 +356,21 @@ def test_bench_cast_python_refuses_a_bad_option():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_cast_python.py"), "--calls", "0"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "--calls and --reps must be positive" in out.stderr, out.stderr
+
+
+def test_bench_prefetch_runs_every_mode_in_order_on_the_cpu():
+    """profiling/bench_prefetch.py's dry run: every mode on the CPU, each output
+    checked against the resident stack's, and the RESULT line."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_prefetch.py"), "--device", "cpu",
+                          "--layers", "3", "--dim", "32", "--heads", "2", "--batch", "2", "--tokens", "8", "--reps",
+                          "1"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    for mode in ("resident", "to", "pins", "pins-prefetch"):
+        assert f"  {mode} " in out.stdout, out.stdout
+    assert out.stdout.strip().splitlines()[-1].startswith("RESULT prefetch_vs_to="), out.stdout
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_prefetch.py"), "--dim", "30"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--dim a multiple of --heads" in bad.stderr, bad.stderr
 
 
 def test_the_gpu_check_writes_no_more_files_than_a_device_call_returns():

@@ -98,19 +98,57 @@ def wrap_free_pins(original):
 
 
 def wrap_pin_registerable(original):
+    """Note [One page-lock count]: ComfyUI's cap (``MAX_PINNED_MEMORY``) counts
+    what ComfyUI page-locks (``TOTAL_PINNED_MEMORY``) and what pins holds
+    page-locked (``pins.locked_bytes()``), each once. ComfyUI's prefetcher
+    (``prefetch_queue_pop``) asks room for every layer it prefetched, after
+    casting them, the layers pins served (already in pins' locked bytes)
+    included: those bytes are taken off the request, for ComfyUI's own count
+    too. A request from ComfyUI's own pin call is its own, whole."""
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
     def ensure_pin_registerable(size, *args, **kwargs):
         state = current()
         mm = sys.modules.get("comfy.model_management")
-        if state is not None and mm is not None:
-            cap = float(getattr(mm, "MAX_PINNED_MEMORY", -1))
-            if cap > 0:  # ComfyUI's page-lock cap counts pins' page-locked bytes too
-                over = float(getattr(mm, "TOTAL_PINNED_MEMORY", 0)) + pins.locked_bytes() + size - cap
-                if over > 0:
-                    freed = int(pins.free_pins(min(int(over), MAX_BYTES), bool(kwargs.get("evict_active", True))))
-                    count("ram_freed_bytes", freed)
-        return original(size, *args, **kwargs)
+        if state is None or mm is None:
+            return original(size, *args, **kwargs)
+        try:
+            bound = signature.bind(size, *args, **kwargs).arguments
+        except TypeError:
+            return original(size, *args, **kwargs)
+        param = signature.parameters.get("evict_active")  # ComfyUI's default: True
+        evict_active = bool(bound.get("evict_active", param.default if param is not None else True))
+        ctx = state.vbar
+        if ctx.prefetch and not ctx.comfy_pin:
+            served, ctx.served = min(ctx.served, int(size)), 0
+            size = int(size) - served
+        cap = float(getattr(mm, "MAX_PINNED_MEMORY", -1))
+        if cap > 0:
+            over = float(getattr(mm, "TOTAL_PINNED_MEMORY", 0)) + pins.locked_bytes() + size - cap
+            if over > 0:
+                freed = int(pins.free_pins(min(int(over), MAX_BYTES), evict_active))
+                count("ram_freed_bytes", freed)
+        bound["size"] = size
+        return original(**bound)
     return ensure_pin_registerable
+
+
+def wrap_prefetch(original):
+    """``comfy.model_prefetch.prefetch_queue_pop``: counts the layers pins serves
+    while it runs (Note [One page-lock count])."""
+    @functools.wraps(original)
+    def prefetch_queue_pop(*args, **kwargs):
+        state = current()
+        if state is None or state.vbar.prefetch:
+            return original(*args, **kwargs)
+        ctx = state.vbar
+        ctx.prefetch, ctx.served = True, 0
+        try:
+            return original(*args, **kwargs)
+        finally:
+            ctx.prefetch, ctx.served = False, 0
+    return prefetch_queue_pop
 
 
 def wrap_pin_weight(original):

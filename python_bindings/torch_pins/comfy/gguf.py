@@ -123,7 +123,7 @@ def wrap_tensor_to(original):
             out = _serve(state, self, *move)
         except Exception as e:
             count("errors")
-            log_once(logging.WARNING, f"torch_pins.comfy: GGUF cast through pins failed, ComfyUI-GGUF casts "
+            log_once(logging.WARNING, f"pins: GGUF cast through pins failed, ComfyUI-GGUF casts "
                                       f"instead: {type(e).__name__}: {e}")
             out = "error"
         if isinstance(out, str):

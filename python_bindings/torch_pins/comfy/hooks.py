@@ -63,19 +63,23 @@ MP, MM = "comfy.model_patcher", "comfy.model_management"
 TABLE: Tuple[HookPoint, ...] = (
     HookPoint(MP, "ModelPatcher", "__init__", models.wrap_patcher_init, "register", BOTH,
               "registers a pins model per weight module (clones share it), named after its class, with the "
-              "patcher's load device and `model_size()`; forgotten when the module is garbage collected"),
+              "patcher's load device and its weights' bytes (ComfyUI's cached size, else counted by pins: never "
+              "`model_size()`, whose result ComfyUI keeps); forgotten when the module is garbage collected"),
     HookPoint("comfy.ops", "", "cast_bias_weight", old_loader.wrap_cast_bias_weight, "cast", BOTH,
               "old loader: a registered module's CPU weight and bias go to the device through pins, in one pin "
-              "and one transfer when they share a dtype, on ComfyUI's offload stream when `offloadable`; its "
-              "lowvram patch functions run on the result"),
+              "and one transfer when they share a dtype, on ComfyUI's offload stream where ComfyUI copies on one "
+              "(0.33: `offloadable`; 0.3.64: every cast, `--async-offload`), taken only once pins serves the "
+              "cast; its lowvram patch functions run on the result"),
     HookPoint("comfy.pinned_memory", "", "get_pin", dynamic_vram.wrap_get_pin, "vbar", NEWER,
-              "dynamic VRAM: no pin of ComfyUI's for a layer of a registered model; the layer and subset are "
-              "remembered for the copy"),
+              "dynamic VRAM: no pin of ComfyUI's for a layer of a registered model or for its lowvram LoRA "
+              "patch; the layer (patch) and subset are remembered for the copy"),
     HookPoint("comfy.pinned_memory", "", "pin_memory", dynamic_vram.wrap_pin_memory, "vbar", NEWER,
-              "dynamic VRAM: makes no aimdo host buffer for a layer of a registered model (`declined_pins`)"),
+              "dynamic VRAM: makes no aimdo host buffer for a layer of a registered model or its patch "
+              "(`declined_pins`)"),
     HookPoint(MM, "", "cast_to_gathered", dynamic_vram.wrap_cast_to_gathered, "vbar", NEWER,
-              "dynamic VRAM: that layer's weight and bias go into ComfyUI's destination through pins (`out=`), "
-              "on ComfyUI's stream, `resident` for `weights-loaded`"),
+              "dynamic VRAM: that layer's weight and bias, one pin and one transfer, go into ComfyUI's "
+              "destination through pins, on ComfyUI's stream, `resident` for `weights-loaded`; under "
+              "`--fast-disk` a layer ComfyUI would not pin is copied from its source"),
     HookPoint(MM, "", "load_models_gpu", lifecycle.wrap_load_models_gpu, "boundary", BOTH,
               "marks the models a node loads as used by the prompt and active (wakes the prewarm)"),
     HookPoint(MM, "LoadedModel", "model_unload", lifecycle.wrap_model_unload, "boundary", BOTH,
@@ -109,7 +113,10 @@ TABLE: Tuple[HookPoint, ...] = (
     HookPoint(MM, "", "free_pins", budget.wrap_free_pins, "budget", NEWER,
               "ComfyUI's pin eviction: pins' pins along the same tiers first, ComfyUI's own after"),
     HookPoint(MM, "", "ensure_pin_registerable", budget.wrap_pin_registerable, "budget", NEWER,
-              "ComfyUI's page-lock cap counts pins' page-locked bytes too"),
+              "ComfyUI's page-lock cap counts pins' page-locked bytes too, once: the layers pins served are taken "
+              "off the prefetcher's request"),
+    HookPoint("comfy.model_prefetch", "", "prefetch_queue_pop", budget.wrap_prefetch, "budget", NEWER,
+              "counts the layers pins serves while ComfyUI prefetches, for `ensure_pin_registerable`"),
     HookPoint(MM, "", "cast_to_device", patches.wrap_patch_cast, "cast", BOTH,
               "inside a lowvram patch function, LoRA factors go through pins as `kind=\"patches\"`, `resident`, "
               "signed by the patch set: kept in `patches-loaded` while it is unchanged", "patches"),
@@ -227,7 +234,7 @@ def _arrived(name: str) -> None:
         install_all(state)
         if not state.awaited:
             versions.ArrivalFinder.remove()
-        log.info("torch_pins.comfy: %s imported, its hooks are in (%d hooks)", name, len(state.hooks))
+        log.info("pins: %s imported, its hooks are in (%d hooks)", name, len(state.hooks))
 
 
 def _active(state: Integration) -> Tuple[bool, str]:

@@ -89,7 +89,7 @@ def prompt_ended(state: Integration) -> None:
     state.prompt_open = False
     pins.end_prompt()
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("torch_pins.comfy: prompt done\n%s", pins.summary())
+        log.debug("pins: prompt done\n%s", pins.summary())
 
 
 def _tracker_drives(state: Optional[Integration]) -> bool:

@@ -75,7 +75,7 @@ def _load_file(state: Integration, path: Any, device: Any, return_metadata: bool
         sd = pins.load_file(path)
         header = _safetensors_header(path) if aimdo or return_metadata else {}
     except Exception as e:  # noqa: BLE001  (refused, unreadable: ComfyUI's loader, and its error, decide)
-        log_once(logging.INFO, f"torch_pins.comfy: pins cannot load {path} ({type(e).__name__}: {e}); "
+        log_once(logging.INFO, f"pins: pins cannot load {path} ({type(e).__name__}: {e}); "
                                f"ComfyUI's loader reads it")
         return "refused"
     known = getattr(utils, "_TYPES", None) if aimdo else None

@@ -28,7 +28,7 @@ def _forget(key: int, pins_id: int) -> None:
     try:
         pins.forget_model(pins_id)
     except Exception as e:  # during interpreter shutdown the library may be gone
-        log_once(logging.DEBUG, f"torch_pins.comfy: forget_model({pins_id}) failed: {e}")
+        log_once(logging.DEBUG, f"pins: forget_model({pins_id}) failed: {e}")
 
 
 def register(state: Integration, patcher: Any) -> Optional[ModelEntry]:
@@ -49,7 +49,7 @@ def register(state: Integration, patcher: Any) -> Optional[ModelEntry]:
                                           size=_model_size(patcher))
         except Exception as e:
             count("errors")
-            log_once(logging.WARNING, f"torch_pins.comfy: cannot register {name} on {device}: {e}")
+            log_once(logging.WARNING, f"pins: cannot register {name} on {device}: {e}")
             return None
         entry = ModelEntry(pins_id, name, module)
         entry.finalizer = weakref.finalize(module, _forget, id(module), pins_id)

@@ -9,7 +9,8 @@ cast each; wrapper subclasses (``QuantizedTensor``) through ``_subclass`` (Note
 ComfyUI's would). The module's ``weight_function``/``bias_function`` (lowvram
 LoRA patches) then run on the result as in ComfyUI, their factors through
 pins (patches). The original serves everything else, counted by reason under
-``fallback.<reason>``."""
+``fallback.<reason>``. The offload stream is taken only once pins knows it
+serves the cast (Note [ComfyUI's switches])."""
 import functools
 import inspect
 import logging
@@ -39,8 +40,16 @@ class _Cast:
         self.weight_functions, self.bias_functions = weight_functions, bias_functions
 
 
-def _cast_module(state, s, input, dtype, device, bias_dtype):
-    """Casts weight and bias of module ``s`` through pins; a string says why not."""
+class _Plan:
+    """What a cast of a module through pins takes, decided before any stream is."""
+
+    def __init__(self, entry, weight, bias, dtype, bias_dtype, device, weight_functions, bias_functions):
+        self.entry, self.weight, self.bias, self.dtype, self.bias_dtype = entry, weight, bias, dtype, bias_dtype
+        self.device, self.weight_functions, self.bias_functions = device, weight_functions, bias_functions
+
+
+def _plan(state, s, input, dtype, device, bias_dtype):
+    """Whether pins serves module ``s``: a _Plan, or a string saying why not."""
     if hasattr(s, "_v"):
         return "dynamic-vram"
     if getattr(s, "weight_lowvram_function", None) is not None or \
@@ -73,7 +82,14 @@ def _cast_module(state, s, input, dtype, device, bias_dtype):
     entry = state.owner.get(s)
     if entry is None:
         return "unregistered"
+    return _Plan(entry, weight, bias, dtype, bias_dtype, device, weight_functions, bias_functions)
 
+
+def _cast_module(state, plan):
+    """Casts weight and bias of the planned module through pins."""
+    entry, weight, bias, dtype, bias_dtype, device = \
+        plan.entry, plan.weight, plan.bias, plan.dtype, plan.bias_dtype, plan.device
+    weight_functions, bias_functions = plan.weight_functions, plan.bias_functions
     non_blocking = casting.non_blocking(device)
     model = entry.pins_id
     plain = not _subclass.is_wrapper(weight) and not (bias is not None and _subclass.is_wrapper(bias))
@@ -104,16 +120,22 @@ def wrap_cast_bias_weight(original):
             offloadable = args[offloadable_at - 5]
         stream = None
         try:
-            if offloadable and not hasattr(s, "_v"):
-                # ComfyUI's contract (uncast_bias_weight): copies on its offload
-                # stream, the compute stream waits for them, the stream waits for
-                # the compute before its buffers are reused.
-                stream = casting.offload_stream(device if device is not None else getattr(input, "device", None))
-            with casting.stream_context(stream):
-                cast = _cast_module(state, s, input, dtype, device, bias_dtype)
+            # Whether pins serves it first: a fallback leaves ComfyUI's offload
+            # streams as it found them (ComfyUI takes the next one itself).
+            cast = _plan(state, s, input, dtype, device, bias_dtype)
+            if not isinstance(cast, str):
+                # ComfyUI's offload stream where ComfyUI would copy on one: 0.33
+                # for an `offloadable` caller (uncast_bias_weight's contract: the
+                # compute stream waits for the copies, the stream for the
+                # compute before its buffers are reused); 0.3.64 (no
+                # `offloadable`) for every cast, with --async-offload.
+                if offloadable or offloadable_at is None:
+                    stream = casting.offload_stream(cast.device)
+                with casting.stream_context(stream):
+                    cast = _cast_module(state, cast)
         except Exception as e:
             count("errors")
-            log_once(logging.WARNING, f"torch_pins.comfy: cast through pins failed, ComfyUI casts instead: "
+            log_once(logging.WARNING, f"pins: cast through pins failed, ComfyUI casts instead: "
                                       f"{type(e).__name__}: {e}")
             cast = "error"
         if isinstance(cast, str):

@@ -20,7 +20,9 @@ from .. import _subclass
 from .state import MASK63, Integration, ModelEntry, count, current, log_once
 
 
-def _signature(entry: ModelEntry, functions: List[Any]) -> int:
+def signature(entry: ModelEntry, functions: List[Any]) -> int:
+    """The patch set's signature: the model's ``current_weight_patches_uuid``,
+    else a hash of the patches these patch functions apply."""
     module = entry.module()
     uuid = getattr(module, "current_weight_patches_uuid", None)
     if uuid is not None and hasattr(uuid, "int"):
@@ -39,7 +41,7 @@ def scope(state: Integration, entry: ModelEntry, functions: List[Any]) -> Iterat
     """While a module's patch functions run: their factors' casts go through pins."""
     ctx = state.patch
     saved = (ctx.active, ctx.model, ctx.signature)
-    ctx.active, ctx.model, ctx.signature = True, entry.pins_id, _signature(entry, functions)
+    ctx.active, ctx.model, ctx.signature = True, entry.pins_id, signature(entry, functions)
     try:
         yield
     finally:
@@ -64,7 +66,7 @@ def wrap_patch_cast(original):
                                       True, ctx.signature)
         except Exception as e:
             count("errors")
-            log_once(logging.WARNING, f"torch_pins.comfy: patch cast through pins failed: "
+            log_once(logging.WARNING, f"pins: patch cast through pins failed: "
                                       f"{type(e).__name__}: {e}")
             return original(tensor, device, dtype, copy)
         count("patch_casts")

@@ -53,9 +53,19 @@ class PatchContext(threading.local):
 
 class VbarContext(threading.local):
     """The layer ComfyUI's vbar cast asked get_pin/pin_memory about last, and
-    the subset it settled on (Note [ComfyUI as pins' host])."""
+    the subset it settled on (Note [ComfyUI as pins' host]); inside ComfyUI's
+    prefetch, the bytes of the layers pins served (budget, Note [One page-lock
+    count]); and whether ComfyUI's own pin call runs."""
     module: Any = None
     subset: str = "weights"
+    wanted: bool = False  # ComfyUI asked pin_memory for it: it would pin the layer
+    layer_entry: Any = None  # the model of the layer asked about last (its lowvram patches are its)
+    patch: Any = None        # the LowVramPatch asked about last, served through pins
+    patch_subset: str = "patches"
+    patch_tensors: Any = ()  # ids of its factors
+    prefetch: bool = False
+    served: int = 0
+    comfy_pin: int = 0
 
 
 class Integration:
@@ -74,7 +84,6 @@ class Integration:
         self.vbar = VbarContext()
         self.prompt_open = False
         self.mode = "old-loader"
-
 
 
 _current: Optional[Integration] = None

@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional
 from .state import Integration, current, log
 
 # Modules whose absence is a fact of the ComfyUI release, not worth a warning.
-OPTIONAL_MODULES = {"comfy.pinned_memory", "comfy.clip_vision", "comfy.bg_removal_model", "nodes"}
+OPTIONAL_MODULES = {"comfy.pinned_memory", "comfy.clip_vision", "comfy.bg_removal_model", "comfy.model_prefetch",
+                    "nodes"}
 # Modules never imported from here: ComfyUI imports them, and their hooks wait.
 AWAITED_MODULES = {"execution"}
 # Modules hooked only where they are imported already, never imported nor
@@ -54,7 +55,7 @@ def import_module(state: Integration, name: str) -> Any:
         state.failed[name] = f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001  (ComfyUI's module raised: record, never fatal)
         state.failed[name] = f"{type(e).__name__}: {e}"
-    log.warning("torch_pins.comfy: importing %s failed (%s); its hooks are left out", name, state.failed[name])
+    log.warning("pins: importing %s failed (%s); its hooks are left out", name, state.failed[name])
     return None
 
 

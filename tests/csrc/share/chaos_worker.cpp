@@ -31,6 +31,13 @@ void on_term(int) { g_stop.store(true); }
 
 int main(int argc, char** argv) {
   using namespace pins;
+  if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::printf("usage: %s FILE SHARE_ROOT LAYERS LAYER_BYTES SEED\n"
+                "A child process of the ShareChaos test (pins_share_tests), not a tool: it casts every layer\n"
+                "of FILE through shared pins under SHARE_ROOT until SIGTERM, checking every byte.\n",
+                argv[0]);
+    return 0;
+  }
   if (argc != 6) {
     std::fprintf(stderr, "usage: %s FILE SHARE_ROOT LAYERS LAYER_BYTES SEED\n", argv[0]);
     return 64;

@@ -1,0 +1,246 @@
+// HostPool::try_allocate() step by step (Note [Host pool layout]), and the
+// free address space it commits extents in: segments and their free ranges.
+#include <algorithm>
+
+#include "csrc/base/check.h"
+#include "csrc/base/clock.h"
+#include "csrc/base/nvtx.h"
+#include "csrc/pool/pool_records.h"
+
+namespace pins {
+
+void* HostPool::try_allocate(size_t size, bool lock) {
+  PINS_CHECK_VALUE(size > 0, "pool allocation size must be positive, got ", size);
+  // Past this bound round_align() and round_page() could wrap (SIZE_MAX - 511
+  // would round to 0); below it no sum of the pool's sizes comes near 2^64.
+  PINS_CHECK_VALUE(size <= kMaxAllocation, "pool allocation size must be at most 2^48 bytes, got ", size);
+  const bool want_lock = lock && can_lock_;
+  const size_t asize = round_align(size);
+  const size_t need = round_page(asize);
+  reap();
+
+  MutexLock g(mu_);
+  for (;;) {
+    // 1. A free block of an extent committed (and locked) already.
+    if (Block* b = take_free(asize, want_lock)) return finish(b, size);
+    // 2. A locked request locks a cut of prewarmed memory.
+    if (want_lock) {
+      if (Extent* pre = find_prewarmed(need)) {
+        if (!lock_prewarmed(pre, need)) {
+          stats_.refusals++;
+          return nullptr;
+        }
+        continue;  // step 1 takes it
+      }
+    }
+    // 3. Room under the cap for a new extent, decommitting idle ones.
+    const Room room = make_room(need);
+    if (room == Room::Refused) {
+      stats_.refusals++;
+      return nullptr;
+    }
+    if (room == Room::Freed) continue;
+    // 4. Free address space for it, reserving a segment when none is left.
+    size_t esize = new_extent_size(need);
+    uintptr_t addr = 0;
+    Segment* seg = nullptr;
+    if (!take_space(need, esize, &addr, &seg)) {
+      if (!reserve_segment(need)) {
+        stats_.refusals++;
+        return nullptr;
+      }
+      continue;
+    }
+    // 5. The extent committed (and locked), then step 1 takes it.
+    if (!commit_extent(addr, esize, seg, want_lock)) {
+      stats_.refusals++;
+      return nullptr;
+    }
+  }
+}
+
+void* HostPool::allocate(size_t size, bool lock) {
+  if (void* p = try_allocate(size, lock)) return p;
+  const PoolStats s = stats();
+  throw ResourceError(detail::cat("pins host pool refused an allocation of ", size, " bytes: cap ", cap(),
+                                  " bytes, committed ", s.committed_bytes.current, " bytes, allocated ",
+                                  s.allocated_bytes.current, " bytes (backend ", s.backend, ")"));
+}
+
+HostPool::Block* HostPool::take_free(size_t asize, bool locked) {
+  auto& set = free_[locked];
+  auto it = set.lower_bound({asize, 0});
+  if (it == set.end()) return nullptr;
+  Block* b = blocks_.at(it->second).get();
+  if (b->ext->prewarmed) {
+    // Note [Host pool layout]: cut to the extent this request would commit.
+    Extent* e = take_prewarmed(b->ext, std::min(b->ext->size, extent_size(round_page(asize))));
+    list_idle(e);
+    it = set.find({e->size, e->base});
+    b = blocks_.at(e->base).get();
+  }
+  set.erase(it);
+  if (b->ext->used == 0) {
+    idle_.erase({b->ext->idle_since, b->ext});
+    idle_bytes_ -= b->ext->size;
+  }
+  if (b->size - asize >= align_) {
+    auto rest = std::make_unique<Block>();
+    rest->addr = b->addr + asize;
+    rest->size = b->size - asize;
+    rest->ext = b->ext;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next) b->next->prev = rest.get();
+    b->next = rest.get();
+    b->size = asize;
+    set.insert({rest->size, rest->addr});
+    blocks_.emplace(rest->addr, std::move(rest));
+  }
+  return b;
+}
+
+void* HostPool::finish(Block* b, size_t requested) {
+  b->state = BlockState::Allocated;
+  b->requested = requested;
+  b->ext->used++;
+  stats_.allocations++;
+  stats_.allocated_bytes.increase(static_cast<int64_t>(b->size));
+  stats_.requested_bytes.increase(static_cast<int64_t>(requested));
+  stats_.blocks.increase(1);
+  return reinterpret_cast<void*>(b->addr);
+}
+
+HostPool::Room HostPool::make_room(size_t need) {
+  if (cap_ == 0 || stats_.committed_bytes.current + committing_ + need <= cap_) return Room::Fits;
+  const size_t over = stats_.committed_bytes.current + committing_ + need - cap_;
+  std::vector<Extent*> victims = pick_idle(over);
+  if (victims.empty()) return Room::Refused;
+  mu_.unlock();
+  decommit(std::move(victims));
+  mu_.lock();
+  return Room::Freed;
+}
+
+size_t HostPool::new_extent_size(size_t need) const {
+  // Requests up to half an extent share extent_min extents (a tail that small
+  // requests fill); larger ones get an exact extent, so the tail never strands.
+  size_t esize = extent_size(need);
+  // Whole pages of what the cap leaves (a cap such as 1MB = 10^6 is no
+  // multiple of the page; make_room() left at least `need`, itself whole
+  // pages): an extent is always page-aligned (Note [Host backend contract]).
+  if (cap_ != 0) esize = std::min(esize, (cap_ - stats_.committed_bytes.current - committing_) & ~(page_ - 1));
+  return esize;
+}
+
+bool HostPool::take_space(size_t need, size_t& esize, uintptr_t* addr, Segment** seg) {
+  if (take_range(esize, addr, seg)) return true;
+  if (esize > need && take_range(need, addr, seg)) {
+    esize = need;
+    return true;
+  }
+  return false;
+}
+
+bool HostPool::reserve_segment(size_t bytes) {
+  const size_t ssize = std::max(round_page(opts_.segment_size), bytes);
+  mu_.unlock();  // mmap runs unlocked
+  void* p = nullptr;
+  const int rc = backend_->reserve(ssize, &p);
+  mu_.lock();
+  if (rc != 0) return false;
+  auto s = std::make_unique<Segment>(Segment{reinterpret_cast<uintptr_t>(p), ssize, 0});
+  Segment* sp = s.get();
+  segments_.emplace(sp->base, std::move(s));
+  stats_.segments++;
+  stats_.reserved_bytes.increase(static_cast<int64_t>(ssize));
+  add_range(sp->base, ssize, sp);
+  return true;
+}
+
+bool HostPool::commit_extent(uintptr_t addr, size_t esize, Segment* seg, bool lock) {
+  committing_ += esize;
+  mu_.unlock();
+  void* p = reinterpret_cast<void*>(addr);
+  const int64_t t0 = monotonic_ns();
+  int rc = backend_->commit(p, esize);
+  const int64_t t1 = monotonic_ns();
+  int lrc = 0;
+  if (rc == 0 && lock) {
+    PINS_RANGE("pins::register");
+    lrc = backend_->lock(p, esize);
+    if (lrc != 0) backend_->decommit(p, esize);
+  }
+  const int64_t t2 = monotonic_ns();
+  mu_.lock();
+  committing_ -= esize;
+  stats_.commit_ns += t1 - t0;
+  if (rc != 0 || lrc != 0) {
+    if (lrc != 0) stats_.lock_failures++;
+    add_range(addr, esize, seg);
+    return false;
+  }
+  stats_.commits++;
+  stats_.committed_bytes.increase(static_cast<int64_t>(esize));
+  if (lock) {
+    stats_.registrations++;
+    stats_.lock_ns += t2 - t1;
+    stats_.locked_bytes.increase(static_cast<int64_t>(esize));
+  }
+  auto e = std::make_unique<Extent>(Extent{addr, esize, seg, lock});
+  Extent* ep = e.get();
+  extents_.emplace(addr, std::move(e));
+  // Listed as a free, idle extent like any other, then taken by the next
+  // take_free() under the same lock hold.
+  list_idle(ep);
+  return true;
+}
+
+void HostPool::list_idle(Extent* e) {
+  auto b = std::make_unique<Block>();
+  b->addr = e->base;
+  b->size = e->size;
+  b->ext = e;
+  free_[e->locked].insert({b->size, b->addr});
+  blocks_.emplace(b->addr, std::move(b));
+  e->idle_since = ++clock_;
+  idle_.insert({e->idle_since, e});
+  idle_bytes_ += e->size;
+}
+
+void HostPool::add_range(uintptr_t addr, size_t size, Segment* seg) {
+  seg->free_space += size;
+  auto next = ranges_.lower_bound(addr);
+  if (next != ranges_.end() && next->second.seg == seg && addr + size == next->first) {
+    size += next->second.size;
+    ranges_by_size_.erase({next->second.size, next->first});
+    next = ranges_.erase(next);
+  }
+  if (next != ranges_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second.seg == seg && prev->first + prev->second.size == addr) {
+      ranges_by_size_.erase({prev->second.size, prev->first});
+      addr = prev->first;
+      size += prev->second.size;
+      ranges_.erase(prev);
+    }
+  }
+  ranges_.emplace(addr, Range{size, seg});
+  ranges_by_size_.insert({size, addr});
+}
+
+bool HostPool::take_range(size_t size, uintptr_t* addr, Segment** seg) {
+  auto it = ranges_by_size_.lower_bound({size, 0});
+  if (it == ranges_by_size_.end()) return false;
+  const auto [rsize, raddr] = *it;
+  ranges_by_size_.erase(it);
+  Range r = ranges_.at(raddr);
+  ranges_.erase(raddr);
+  r.seg->free_space -= rsize;
+  if (rsize > size) add_range(raddr + size, rsize - size, r.seg);
+  *addr = raddr;
+  *seg = r.seg;
+  return true;
+}
+
+}  // namespace pins
