@@ -13,6 +13,7 @@ sampler that loads the model with comfy.model_management.load_models_gpu and run
 4 steps. Each scenario runs once on plain ComfyUI and once with pins; outputs
 must be bit-identical.
 """
+import functools
 import gc
 import importlib
 import inspect
@@ -633,8 +634,19 @@ def _run_gguf(comfyui, name, steps=3):
     return types.SimpleNamespace(outputs=outputs, steps=stats, model=model, patcher=patcher)
 
 
+def _unload_node(comfyui, node, node_classes):
+    """Forgets the custom node at ``node``: its modules (ComfyUI names them
+    after its path) and the node classes its load added."""
+    name = node.replace(".", "_x_")
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]
+    for name in set(comfyui.nodes.NODE_CLASS_MAPPINGS) - node_classes:
+        comfyui.nodes.NODE_CLASS_MAPPINGS.pop(name)
+        comfyui.nodes.NODE_DISPLAY_NAME_MAPPINGS.pop(name, None)
+
+
 def test_comfyui_gguf_layers_cast_through_pins_bit_identical_and_hit_from_the_second_step(comfyui, integration,
-                                                                                         tmp_path):
+                                                                                         tmp_path, request):
     pytest.importorskip("gguf", reason="ComfyUI-GGUF needs the gguf package")
     node = _gguf_node_path()
     if node is None:
@@ -647,7 +659,11 @@ def test_comfyui_gguf_layers_cast_through_pins_bit_identical_and_hit_from_the_se
     assert all(by_type.values()), by_type
     folder_paths.add_model_folder_path("unet", str(tmp_path))
     loaded = "UnetLoaderGGUF" in comfyui.nodes.NODE_CLASS_MAPPINGS
-    if not loaded:  # loaded as ComfyUI loads it, with pins enabled: its hooks go in as it arrives
+    if not loaded:
+        # Unloaded again afterwards: a later test (test_comfy_standins.py's
+        # stand-in of the node, in the same process) finds no ComfyUI-GGUF.
+        request.addfinalizer(functools.partial(_unload_node, comfyui, node, set(comfyui.nodes.NODE_CLASS_MAPPINGS)))
+        # Loaded as ComfyUI loads it, with pins enabled: its hooks go in as it arrives.
         assert integration.enable(cpu_targets=True)
         assert not {"ComfyUI-GGUF.ops.GGMLLayer.cast_bias_weight"} & set(integration.stats()["hooks"])
         assert asyncio.run(comfyui.nodes.load_custom_node(node))
