@@ -1,7 +1,9 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   the main job
-#   make test   every test, ending with one summary line
-.PHONY: setup build demo test sanitize clean
+#   make test   every test of this platform, ending with one summary line
+# and, for what runs elsewhere:
+#   make test-platforms   the second torch release, the hip backend and the Windows build
+.PHONY: setup build demo test test-platforms sanitize clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +21,11 @@ demo: setup
 
 test: build
 	@bash scripts/test.sh
+
+# The builds for other platforms and torch releases: the torch layer for torch
+# 2.14.1, the hip backend against ROCm 5.2 and the core for Windows under wine.
+test-platforms: build
+	@bash scripts/test_platforms.sh
 
 # The core's tests under ASan+UBSan and TSan, the torch ops' C++ tests under ASan+UBSan,
 # and Clang's thread-safety analysis.

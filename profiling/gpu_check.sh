@@ -3,12 +3,14 @@
 # every test (the CUDA ones included) and the benchmarks, and write the logs
 # under $OUT. That machine has no GoogleTest or nlohmann-json package: run
 # profiling/gpu_prepare.sh here first, which copies their sources into
-# .gpu-deps/ (ignored by git), and carry it along:
+# .gpu-deps/ (ignored by git), with a diffusers wheel in .gpu-deps/wheels for
+# what compares with its offload modes, and carry it along:
 #   device run: carry [".gpu-deps"], command "bash profiling/gpu_check.sh"
 # Without .gpu-deps (and without the packages) the script stops at once,
 # saying so, before any device time goes into a build that cannot succeed.
 # The device returns at most 8 files from $OUT: this script writes 6
-# (summary.txt, nvidia-smi.txt, build.log, ctest.log, pytest.log, bench.txt);
+# (summary.txt, nvidia-smi.txt, build.log, ctest.log, pytest.log, bench.txt)
+# and a scratch file (bench.part);
 # the summary has the machine (nproc, /proc/meminfo), each step's outcome and
 # every benchmark's RESULT line.
 # A device call may run 600 s and a session has 900 s of device time in all, so
@@ -70,6 +72,15 @@ elif [ ! -f /usr/include/nlohmann/json.hpp ]; then
   log "no .gpu-deps/nlohmann and no nlohmann-json package: run profiling/gpu_prepare.sh on the build machine and carry .gpu-deps"
   exit 1
 fi
+# diffusers from .gpu-deps/wheels, for the tests and benchmarks that use it
+# (its own needs are in the GPU image); without it they skip or say "n/a".
+site=/tmp/pins-gpu-site
+if ls .gpu-deps/wheels/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
+     --no-cache-dir --upgrade --target "$site" .gpu-deps/wheels/*.whl > /dev/null 2>&1; then
+  log "diffusers: $(PYTHONPATH="$site" python3 -c 'import diffusers; print(diffusers.__version__)' 2>&1 | tail -1)"
+else
+  log "no .gpu-deps/wheels (profiling/gpu_prepare.sh): the diffusers tests skip, its offload modes read n/a"
+fi
 mapfile -t torch_args < <(bash scripts/torch_cmake_args.sh python3)
 cmake -S . -B build-gpu -G Ninja "${torch_args[@]}" "${gtest_arg[@]}" > "$OUT/build.log" 2>&1 \
   || { log "configure failed (build.log)"; tail -30 "$OUT/build.log"; exit 1; }
@@ -80,11 +91,12 @@ log "built"
 (cd build-gpu && PINS_MODEL_OPS=20000 step 120 ctest --output-on-failure -j "$(nproc)") > "$OUT/ctest.log" 2>&1
 log "ctest rc=$? $(grep -E 'tests passed|tests failed' "$OUT/ctest.log")"
 # The Python tests a device changes: the CUDA ones, the cast paths, the
-# extension, gathered pins, files (the CPU-only rest runs in CI).
-PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" PYTHONPATH="$PWD/python_bindings" \
-  step 150 python3 -m pytest -q tests/python/test_cuda.py tests/python/test_cast_to_device.py \
+# extension, gathered pins, files, streamed modules and their prefetch (the
+# CPU-only rest runs in CI).
+PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" PYTHONPATH="$PWD/python_bindings:$site" \
+  step 180 python3 -m pytest -q tests/python/test_cuda.py tests/python/test_cast_to_device.py \
   tests/python/test_fast_path.py tests/python/test_gathered.py tests/python/test_load_file.py \
-  tests/python/test_contract.py > "$OUT/pytest.log" 2>&1
+  tests/python/test_contract.py tests/python/test_prefetch.py tests/python/test_nn.py > "$OUT/pytest.log" 2>&1
 log "pytest rc=$? $(tail -1 "$OUT/pytest.log")"
 : > "$OUT/bench.txt"
 bench alloc 60 build-gpu/bin/pins-bench alloc
@@ -101,6 +113,14 @@ bench "share h2d" 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 pr
 bench fill 60 build-gpu/bin/pins-bench fill
 bench cast 60 build-gpu/bin/pins-bench cast
 bench "cast (python)" 60 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" python3 profiling/bench_cast_python.py
+# A lowvram forward of a layer stack, weights on the CPU: per-layer .to(), pins
+# without and with prefetch (Note [Copies that overlap compute]), diffusers'
+# group offload with its stream, in one run.
+bench prefetch 120 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" PYTHONPATH="$site" \
+  python3 profiling/bench_prefetch.py --device cuda
+# Host RAM of a diffusers pipeline: pins against diffusers' offload modes.
+bench "diffusers ram" 120 env PINS_LIBRARY="$PWD/build-gpu/lib/libpins.so" PYTHONPATH="$site" \
+  python3 profiling/bench_diffusers_ram.py --device cuda
 bench "lowvram cuda:0 (100 x 32 MiB, 4 passes)" 240 \
   build-gpu/bin/pins-bench lowvram --device cuda:0 --layers 100 --layer-mib 32 --passes 4
 log "time used: ${SECONDS} s"

@@ -7,7 +7,10 @@ files includes a file of the other. It fails (exit 1, naming the files) when
 
 - the graph has a cycle between folders,
 - a core folder (csrc/<part>) includes a torch header (ATen, c10, torch, caffe2),
-- a core folder includes a folder outside the core (allocator/, ops/, ...).
+- a core folder includes a folder outside the core (allocator/, ops/, ...),
+- a source file in csrc/, ops/, allocator/ or python_bindings/ is longer than
+  MAX_LINES lines: past that a reader no longer takes a file in at once, and it
+  is split by concern (docs/DESIGN.md, "Layers").
 
 ``--print`` lists the graph's edges. ``--root DIR`` checks another tree (the
 script's own tests use it). Standard library only: it runs before any build.
@@ -22,6 +25,10 @@ from typing import Dict, List, Optional, Set, Tuple
 SOURCE_ROOTS = ("csrc", "allocator", "ops", "include", "python_bindings/csrc")
 TORCH_PREFIXES = ("ATen/", "c10/", "torch/", "caffe2/")
 EXTENSIONS = (".h", ".hpp", ".cpp", ".cc", ".cu")
+# Where a file's length is checked, and which files count as source there.
+SIZED_ROOTS = ("csrc", "ops", "allocator", "python_bindings")
+SIZED_EXTENSIONS = EXTENSIONS + (".py",)
+MAX_LINES = 600
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
 
@@ -107,6 +114,24 @@ def find_cycle(edges: Dict[str, Dict[str, List[str]]]) -> Optional[List[str]]:
     return None
 
 
+def long_files(root: str, limit: int = MAX_LINES) -> List[Tuple[str, int]]:
+    """The source files under SIZED_ROOTS with more than `limit` lines, and their
+    line counts."""
+    found: List[Tuple[str, int]] = []
+    for top in SIZED_ROOTS:
+        for dirpath, dirnames, names in os.walk(os.path.join(root, top)):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+            for name in sorted(names):
+                if not name.endswith(SIZED_EXTENSIONS):
+                    continue
+                path = os.path.join(dirpath, name)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    lines = sum(1 for _ in f)
+                if lines > limit:
+                    found.append((os.path.relpath(path, root).replace(os.sep, "/"), lines))
+    return found
+
+
 def check(root: str, show: bool = False) -> List[str]:
     """The problems of the tree at `root`, each a line; empty when it is sound."""
     edges, torch_in_core = scan(root)
@@ -124,6 +149,8 @@ def check(root: str, show: bool = False) -> List[str]:
     if cycle:
         steps = [f"{a} -> {b} ({edges[a][b][0]})" for a, b in zip(cycle, cycle[1:])]
         problems.append("folder cycle: " + "; ".join(steps))
+    for path, lines in long_files(root):
+        problems.append(f"{path} has {lines} lines, over {MAX_LINES}: split it by concern")
     return problems
 
 
@@ -137,7 +164,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for p in problems:
         print(f"check_layers: {p}", file=sys.stderr)
     if not problems:
-        print("check_layers: no folder cycle, no torch header in the core")
+        print(f"check_layers: no folder cycle, no torch header in the core, no source file over {MAX_LINES} lines")
     return 1 if problems else 0
 
 

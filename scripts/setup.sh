@@ -7,10 +7,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 # clang and its runtimes (libFuzzer, sanitizers): the short fuzz run of
-# scripts/test.sh (scripts/fuzz.sh) and the thread-safety analysis. mingw-w64
-# (its posix-threads g++) and wine: the core built for Windows and its tests run
-# (scripts/check_windows.sh).
-apt_pkgs=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev clang libclang-rt-dev g++-mingw-w64-x86-64-posix wine64)
+# scripts/test.sh (scripts/fuzz.sh), make sanitize and the thread-safety
+# analysis. The other platforms' tools (mingw-w64 and wine, HIP's headers) are
+# installed by their own checks when make test-platforms first runs them
+# (scripts/check_windows.sh, scripts/check_hip.sh).
+apt_pkgs=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev clang libclang-rt-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -20,16 +21,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd=sudo
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-
-# HIP's headers and libamdhip64 (ROCm 5.2; no hipcc: CMakeLists.txt says why):
-# the hip backend's check in scripts/test.sh (scripts/check_hip.sh). Optional:
-# where they cannot be installed that check reports itself skipped.
-if ! dpkg -s libamdhip64-dev >/dev/null 2>&1; then
-  echo "setup: installing Debian package: libamdhip64-dev"
-  sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd=sudo
-  { $sudo_cmd apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq libamdhip64-dev \
-      >/dev/null; } || echo "setup: libamdhip64-dev could not be installed; make test will skip the hip backend's check" >&2
 fi
 
 stamp=.venv/.pins-setup-stamp

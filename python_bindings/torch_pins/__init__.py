@@ -10,6 +10,10 @@ Load the library and use the ops::
         pins.end_node()
     print(pins.summary())
 
+A ``torch.nn.Module`` streams its weights through pins in one call,
+``pins.stream(module, "cuda:0")`` (:mod:`torch_pins.nn`); a diffusers pipeline
+with ``pins.diffusers.enable(pipe)`` (:mod:`torch_pins.diffusers`).
+
 Every function here calls the torch op of the same name (``torch.ops.pins.*``),
 so Python, TorchScript and C++ run the same code; :func:`cast_to_device` calls it
 through the package's extension module where the build made one, which skips
@@ -48,13 +52,30 @@ from ._version import __version__
 _C = _library.load_extension(_library.load())
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from . import _subclass  # noqa: E402  (tensor wrapper subclasses: Note [Wrapper subclasses])
+from . import _report  # noqa: E402  (Note [Prompt history])
 
 __all__ = [
     "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "end_node", "prompt",
     "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "load_file", "stats",
     "Stats",
-    "summary", "locked_bytes", "configure", "config", "config_sources", "library_path", "__version__",
+    "summary", "locked_bytes", "configure", "config", "config_sources", "report", "library_path", "__version__",
+    "stream", "unstream",
 ]
+
+# Imported on first use (PEP 562): torch_pins.nn streams a torch.nn.Module
+# (pins.stream, pins.unstream); torch_pins.diffusers needs diffusers, an
+# optional dependency, and says so when it is missing.
+_LAZY_MODULES = ("nn", "diffusers")
+_LAZY_NAMES = {"stream": "nn", "unstream": "nn"}
+
+
+def __getattr__(name: str):
+    import importlib
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 library_path = _library.library_path
 _ops = torch.ops.pins
@@ -70,6 +91,7 @@ _cast_to_device = _C.cast_to_device if _C is not None else _cast_to_device_op
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _PLAIN_TYPES = _subclass._PLAIN_TYPES
 DeviceLike = Union[torch.device, str, int]
+_history = _report.PromptHistory(lambda: _ops.stats())
 
 
 def _check_signature(op: str, signature: Optional[int]) -> None:
@@ -117,8 +139,10 @@ def mark_prompt(models: Iterable[int]) -> None:
 
 
 def end_prompt() -> None:
-    """The prompt boundary: clears the marks and drops the ``patches`` pins."""
+    """The prompt boundary: clears the marks and drops the ``patches`` pins;
+    records what the prompt moved (:func:`report`, Note [Prompt history])."""
     _ops.end_prompt()
+    _history.record()
 
 
 def end_node() -> None:
@@ -324,6 +348,16 @@ def configure(conf: str = "", **keys) -> None:
             v = "true" if v else "false"
         parts.append(f"{k}:{v}")
     _ops.configure(",".join(parts))
+
+
+def report() -> Dict[str, object]:
+    """Everything ``python -m torch_pins stats --json`` prints, as a dict: the
+    version, library, torch, configuration (``{key: {"value", "source"}}``),
+    backend and ``counters`` (:func:`stats`); ``models`` (each model's pins and
+    bytes per subset), ``budget`` (pinned bytes against what the budget lets pins
+    hold now) and ``prompts`` (what each of the last 32 prompts moved, and the
+    current one: Note [Prompt history] in ``_report.py``)."""
+    return _report.report(_history)
 
 
 def config() -> Dict[str, str]:

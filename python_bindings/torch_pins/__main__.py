@@ -1,7 +1,8 @@
 """``python -m torch_pins``: a small command line (also installed as ``torch-pins``).
 
   stats      the library, its configuration (every key, its value and where it
-             came from) and every counter of a fresh process
+             came from) and every counter of a fresh process; with --url, those
+             of a running ComfyUI with the pins node (its /pins/stats route)
   simulate   the workflow simulator, pins-sim (arguments go to it)
   demo       what ``make demo`` runs: a workflow replayed through pins on real
              safetensors files (profiling/demo/demo.py of the checkout this
@@ -31,7 +32,6 @@ import subprocess
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from . import _library
 
 # The checkout this package sits in, when it is imported from python_bindings/
 # of a clone (make test's editable install) rather than from a wheel.
@@ -68,37 +68,39 @@ def _absent(name: str, env: str, looked: Sequence[str]) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    import torch
+    from . import _report
 
-    import torch_pins as pins
+    if args.url:
+        r = _fetch_report(args.url)
+        if r is None:
+            return USAGE_ERROR
+    else:
+        import torch_pins as pins
 
-    s = pins.stats()
-    path = pins.library_path()
-    backend = sorted(k[len("backend."):] for k, v in s.items() if k.startswith("backend.") and v)
-    conf = os.environ.get("PINS_CONF", "")
-    values, sources = pins.config(), pins.config_sources()
-    if args.json:
-        print(json.dumps({"version": pins.__version__, "library": path, "built_against": _library.built_against(path),
-                          "torch": torch.__version__, "releases": _library.supported_releases(), "PINS_CONF": conf,
-                          "config": {k: {"value": v, "source": sources.get(k, "unknown")} for k, v in values.items()},
-                          "backend": ",".join(backend), "counters": dict(s)}, indent=1, sort_keys=True))
-        return 0
-    print(f"torch-pins {pins.__version__}")
-    print(f"library    {path} (built against torch {_library.built_against(path) or 'unknown'})")
-    print(f"torch      {torch.__version__}")
-    print(f"releases   {', '.join(_library.supported_releases()) or 'none in the package'} (the package's builds)")
-    print(f"PINS_CONF  {conf if conf else '(unset)'}")
-    print(f"backend    {','.join(backend) or 'unknown'}")
-    print()
-    # The configuration in force: `key value (source)`, sizes in bytes; the
-    # source is default, derived from the machine (headroom, pin_reserve), PINS_CONF.
-    print("configuration: key, value (sizes in bytes), where it came from")
-    width = max(map(len, values), default=0)
-    for k, v in values.items():
-        print(f"{k:<{width}} {v} ({sources.get(k, 'unknown')})")
-    print()
-    print(s)
+        r = pins.report()
+    print(json.dumps(r, indent=1, sort_keys=True) if args.json else _report.text(r))
     return 0
+
+
+def _fetch_report(url: str) -> Optional[dict]:
+    """The report a ComfyUI with the pins node serves at URL/pins/stats; None
+    (and a message) when there is none."""
+    import urllib.error
+    import urllib.request
+
+    route = url.rstrip("/") + "/pins/stats"
+    try:
+        with urllib.request.urlopen(route, timeout=10) as response:
+            r = json.loads(response.read().decode("utf-8"))
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        print(f"torch_pins: cannot read {route} ({e}). --url takes the address of a ComfyUI that runs the pins "
+              f"node (comfyui/ of the repository), e.g. http://127.0.0.1:8188.", file=sys.stderr)
+        return None
+    if not isinstance(r, dict) or "config" not in r:
+        why = r.get("why") if isinstance(r, dict) else None
+        print(f"torch_pins: {route} has no pins report: {why or repr(r)[:200]}", file=sys.stderr)
+        return None
+    return r
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -221,6 +223,8 @@ def parser() -> argparse.ArgumentParser:
                                        "the configuration in force (one line `key value (source)` per key: default, "
                                        "derived from the machine, or PINS_CONF) and every counter of pins.stats().")
     stats.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    stats.add_argument("--url", metavar="URL", help="read a running ComfyUI's pins instead (its /pins/stats route, "
+                                                     "served by the pins node), e.g. http://127.0.0.1:8188")
     stats.set_defaults(run=cmd_stats)
     share = sub.add_parser("share", help="the shared pins' directory of this user; --clean: what dead processes left",
                            description="Prints the files and bytes of this user's shared pins directory "

@@ -8,7 +8,10 @@ large enough to check results against: they are not ComfyUI's code."""
 import asyncio
 import contextlib
 import gc
+import importlib
 import logging
+import os
+import pkgutil
 import sys
 import types
 
@@ -219,6 +222,18 @@ class _Recorder:
         return [c[0] for c in self.calls]
 
 
+def _record_pins_calls(monkeypatch, integration, recorder):
+    """Every module of the torch_pins.comfy package calls pins through its own
+    module-level name ``pins``: each one records into ``recorder``."""
+    import torch_pins
+
+    for info in pkgutil.iter_modules(integration.__path__):
+        module = importlib.import_module(f"{integration.__name__}.{info.name}")
+        if getattr(module, "pins", None) is torch_pins:
+            monkeypatch.setattr(module, "pins", recorder)
+    monkeypatch.setattr(integration, "pins", recorder)
+
+
 class TinyNet(torch.nn.Module):
     def __init__(self, ops, dtype=torch.float16):
         super().__init__()
@@ -241,7 +256,7 @@ def comfy_env(monkeypatch, pins):
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     recorder = _Recorder(pins)
-    monkeypatch.setattr(integration, "pins", recorder)
+    _record_pins_calls(monkeypatch, integration, recorder)
     monkeypatch.delenv(integration.ENV_VAR, raising=False)
     yield types.SimpleNamespace(m=modules, rec=recorder, integration=integration, pins=pins)
     integration.disable()
@@ -291,7 +306,22 @@ def test_enable_then_disable_restores_every_original(comfy_env):
         assert getattr(m[module], name) is original, f"{module}.{name} not restored"
     assert vars(m["comfy.model_patcher"].ModelPatcher)["__init__"] is patcher_init
     assert vars(m["execution"].PromptExecutor)["execute_async"] is execute_async
-    assert comfy_env.integration.stats() == {"enabled": False}
+    assert comfy_env.integration.stats() == {"enabled": False, "why": "disable() was called"}
+
+
+def test_the_hook_table_is_the_one_docs_usage_shows(comfy_env):
+    """Every hook point comes from one table (Note [ComfyUI hook points]), which
+    docs/USAGE.md "ComfyUI" shows row for row."""
+    table = comfy_env.integration.hooks.TABLE
+    rows = [f"| `{p.name}` | {p.releases} | {p.does} |" for p in table]
+    usage = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "USAGE.md")).read()
+    header = "| ComfyUI function | ComfyUI releases | what pins does there |\n| --- | --- | --- |\n"
+    assert header in usage
+    shown = usage.split(header, 1)[1].split("\n\n", 1)[0].splitlines()
+    assert shown == rows, "docs/USAGE.md's table differs from hooks.TABLE; its rows should be:\n" + "\n".join(rows)
+    assert len({p.name for p in table}) == len(table), "one row per hook point"
+    hooks = comfy_env.integration.enable(cpu_targets=True)
+    assert set(hooks) <= {p.name for p in table}, "every hook installed is a row of the table"
 
 
 def test_an_inherited_method_is_hooked_on_the_class_and_unhooked_by_deletion(comfy_env):
@@ -338,11 +368,12 @@ def test_a_missing_hook_point_is_reported_and_without_the_cast_path_pins_says_it
     with caplog.at_level(logging.INFO, logger="torch_pins.comfy"):
         try:
             hooks = integration.enable()
-            missing = integration.stats().get("missing")
+            off = integration.stats()
         finally:
             integration.disable()
     assert not hooks and not hooks.active and len(hooks) == 0, "inactive: no hook is left in"
-    assert not integration.is_enabled() and missing is None
+    assert not integration.is_enabled() and not off["enabled"], "stats() of pins that stayed off says why"
+    assert off["why"] == hooks.reason and off["missing"] == list(hooks.missing) and off["failed"] == {}
     assert "cast_bias_weight" in hooks.reason
     assert "comfy.ops.cast_bias_weight" in hooks.missing
     assert "comfy.model_management.free_memory" in hooks.missing
@@ -643,7 +674,7 @@ def test_hooks_of_a_module_imported_after_enable_go_in_when_it_arrives(monkeypat
         "        for node_id in prompt:\n            execute(None, prompt, node_id)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     recorder = _Recorder(pins)
-    monkeypatch.setattr(integration, "pins", recorder)
+    _record_pins_calls(monkeypatch, integration, recorder)
     try:
         hooks = integration.enable(cpu_targets=True)
         assert hooks.active and hooks.awaited == ("execution",)
@@ -652,14 +683,15 @@ def test_hooks_of_a_module_imported_after_enable_go_in_when_it_arrives(monkeypat
 
         assert integration.enable().awaited == ()
         assert {"execution.execute", "execution.PromptExecutor.execute"} <= integration.enable()
-        assert not any(type(f).__name__ == "_ArrivalFinder" for f in sys.meta_path), "nothing left to await"
+        finder = integration.versions.ArrivalFinder
+        assert not any(isinstance(f, finder) for f in sys.meta_path), "nothing left to await"
         recorder.calls.clear()
         execution.PromptExecutor().execute(["a", "b"], "p1")
         assert recorder.names() == ["mark_prompt", "end_node", "end_node", "end_prompt"]
     finally:
         integration.disable()
         sys.modules.pop("execution", None)
-    assert not any(type(f).__name__ == "_ArrivalFinder" for f in sys.meta_path)
+    assert not any(isinstance(f, integration.versions.ArrivalFinder) for f in sys.meta_path)
 
 
 class _FailingImport:
@@ -1052,8 +1084,8 @@ def test_a_dynamic_layer_is_pinned_by_pins_alone_and_hits_from_the_second_cast(c
         del sys.modules["comfy.pinned_memory"], sys.modules["comfy.memory_management"]
     assert vbar.comfy_pins == {}, "ComfyUI made no pin of its own"
     subset = "weights-loaded" if resident else "weights"
-    stats = comfy_env.pins.stats()
-    assert stats[f"model.{model}.{subset}.misses"] == 2 and stats[f"model.{model}.{subset}.hits"] == 4
+    stats = comfy_env.pins.stats()  # weight and bias: one pin
+    assert stats[f"model.{model}.{subset}.misses"] == 1 and stats[f"model.{model}.{subset}.hits"] == 2
     s = comfy_env.integration.stats()
     assert s["vbar_casts"] == 3 and s["declined_pins"] == 3 and s.get("errors", 0) == 0, s
 

@@ -224,7 +224,8 @@ def test_wheel_is_platform_tagged_stripped_and_pins_its_torch(installed):
     lib = "torch_pins/_lib/torch-" + RELEASE
     extension = lib + "/_C" + sysconfig.get_config_var("EXT_SUFFIX")  # the venv's Python is this one
     for want in ["torch_pins/__init__.py", "torch_pins/__main__.py", "torch_pins/_fake.py", "torch_pins/_version.py",
-                 "torch_pins/py.typed", lib + "/libpins.so", lib + "/libpins.so.torch", extension,
+                 "torch_pins/py.typed", "torch_pins/comfy/__init__.py", "torch_pins/comfy/hooks.py",
+                 lib + "/libpins.so", lib + "/libpins.so.torch", extension,
                  f"{info}/licenses/LICENSE", f"{info}/entry_points.txt"]:
         assert want in names, (want, names)
     # The demo and its replay tooling are the source tree's (profiling/demo), not the runtime package's.

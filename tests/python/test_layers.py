@@ -1,7 +1,7 @@
 """scripts/check_layers.py, which make test runs: the checkout's folder graph has
 no cycle and its core includes no torch header, and the script finds each kind of
 fault in a small tree written here (a folder cycle, torch in the core, the core
-including a folder above it)."""
+including a folder above it, a source file over its line limit)."""
 import os
 import subprocess
 import sys
@@ -68,3 +68,19 @@ def test_the_core_including_the_allocator_fails(tmp_path):
     out = run(tmp_path)
     assert out.returncode == 1
     assert "core folder csrc/balancer includes allocator" in out.stderr
+
+
+@pytest.mark.parametrize("path", ["csrc/pool/pool.cpp", "ops/cast_path.cpp", "allocator/host_allocator.cpp",
+                                  "python_bindings/torch_pins/comfy/casting.py", "python_bindings/csrc/module.cpp"])
+def test_a_source_file_over_the_limit_fails_naming_it(tmp_path, path):
+    write(tmp_path, dict(SOUND, **{path: "//\n" * 601}))
+    out = run(tmp_path)
+    assert out.returncode == 1
+    assert f"{path} has 601 lines, over 600" in out.stderr
+
+
+def test_a_file_at_the_limit_or_outside_the_checked_folders_passes(tmp_path):
+    write(tmp_path, dict(SOUND, **{"csrc/pool/pool.cpp": "//\n" * 600, "tests/csrc/pool/pool_test.cpp": "//\n" * 900,
+                                   "profiling/sim/suite.cpp": "//\n" * 900}))
+    out = run(tmp_path)
+    assert out.returncode == 0, out.stderr

@@ -358,6 +358,21 @@ def test_bench_cast_python_refuses_a_bad_option():
     assert out.returncode == 2 and "--calls and --reps must be positive" in out.stderr, out.stderr
 
 
+def test_bench_prefetch_runs_every_mode_in_order_on_the_cpu():
+    """profiling/bench_prefetch.py's dry run: every mode on the CPU, each output
+    checked against the resident stack's, and the RESULT line."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_prefetch.py"), "--device", "cpu",
+                          "--layers", "3", "--dim", "32", "--heads", "2", "--batch", "2", "--tokens", "8", "--reps",
+                          "1"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    for mode in ("resident", "to", "pins", "pins-prefetch"):
+        assert f"  {mode} " in out.stdout, out.stdout
+    assert out.stdout.strip().splitlines()[-1].startswith("RESULT prefetch_vs_to="), out.stdout
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "profiling", "bench_prefetch.py"), "--dim", "30"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--dim a multiple of --heads" in bad.stderr, bad.stderr
+
+
 def test_the_gpu_check_writes_no_more_files_than_a_device_call_returns():
     """A device call returns at most 8 files from $OUT; the rest are lost. Every
     file the GPU check script names under $OUT counts, its scratch file too."""
