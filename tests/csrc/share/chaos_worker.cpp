@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   sigemptyset(&usr);
   sigaddset(&usr, SIGUSR1);
   sigaddset(&usr, SIGUSR2);
+  sigaddset(&usr, SIGTERM);
   sigprocmask(SIG_UNBLOCK, &usr, nullptr);
   share::testing::set_on_locked(stop_holding_the_lock);
   g_full = std::getenv("PINS_CHAOS_FULL");

@@ -113,12 +113,14 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
     int p[2];
     ASSERT_EQ(pipe(p), 0);
     const std::string wseed = std::to_string(rng());
-    // SIGUSR1 and SIGUSR2 held from the fork until the worker has its
-    // handlers: their default would end it.
+    // SIGUSR1, SIGUSR2 and SIGTERM held from the fork until the worker has
+    // its handlers: their default would end it (a worker stopped just after
+    // its start died of SIGTERM, an odd exit).
     sigset_t usr, was;
     sigemptyset(&usr);
     sigaddset(&usr, SIGUSR1);
     sigaddset(&usr, SIGUSR2);
+    sigaddset(&usr, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &usr, &was);
     const pid_t pid = fork();
     if (pid != 0) pthread_sigmask(SIG_SETMASK, &was, nullptr);

@@ -19,6 +19,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "csrc/base/check.h"
@@ -107,14 +108,14 @@ class ShareRobustness : public ::testing::Test {
   std::shared_ptr<files::MappedFile> file_;
 };
 
-// A tmpfs of the test's own, unmounted when it ends; skipped where mount is
-// not allowed (it needs root).
+// A tmpfs of the test's own (read-only with MS_RDONLY), unmounted when it
+// ends; skipped where mount is not allowed (it needs root).
 class SmallTmpfs {
  public:
-  SmallTmpfs(const std::string& path, const char* size) : path_(path) {
+  SmallTmpfs(const std::string& path, const char* size, unsigned long flags = 0) : path_(path) {
     fs::create_directories(path);
     const std::string opts = std::string("size=") + size + ",mode=0700";
-    mounted_ = mount("tmpfs", path.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()) == 0;
+    mounted_ = mount("tmpfs", path.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | flags, opts.c_str()) == 0;
     if (!mounted_) why_ = std::strerror(errno);
   }
   ~SmallTmpfs() {
@@ -142,6 +143,7 @@ TEST_F(ShareRobustness, ATmpfsTooFullForTheIndexIsNoSignalAndLeavesNothing) {
       const ModelId m = rt->balancer().register_model("m", "cpu");
       for (uint64_t l = 0; l < kLayers; ++l)
         if (!is_pattern(cast(rt->balancer(), request(m, l)), l)) _exit(2);
+      if (rt->share_state().shared || rt->share_state().reason != std::string("space")) _exit(5);
       _exit(rt->pool().stats().committed_bytes.current > 0 ? 0 : 3);  // pinned privately
     } catch (...) {
       _exit(4);
@@ -150,7 +152,8 @@ TEST_F(ShareRobustness, ATmpfsTooFullForTheIndexIsNoSignalAndLeavesNothing) {
   int status = 0;
   waitpid(child, &status, 0);
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: a wrong byte, 3: nothing pinned, 4: an exception";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: a wrong byte, 3: nothing pinned, 4: an exception, 5: share_state not "
+                                        "'space'";
   EXPECT_TRUE(fs::is_empty(small)) << "left in the tmpfs: " << fs::directory_iterator(small)->path();
 }
 
@@ -181,8 +184,10 @@ TEST_F(ShareRobustness, AStoppedLockHolderDelaysACastByOneBoundAtMost) {
     s.push_back(timed([&] { right = right && is_pattern(cast(a->balancer(), request(m, 1)), 1); }));
     s.push_back(timed([&] { right = right && is_pattern(cast(a->balancer(), request(m, 2)), 2); }));
     s.push_back(timed([&] { (void)a->share()->stats(); }));
-    s.push_back(timed([&] { (void)runtime(root_); }));
+    std::string reason = "attached";
+    s.push_back(timed([&] { reason = runtime(root_)->share_state().reason; }));
     s.push_back(right ? 1.0 : 0.0);
+    s.push_back(reason == "lock" ? 1.0 : 0.0);
     return s;
   });
   const bool done = work.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
@@ -196,6 +201,7 @@ TEST_F(ShareRobustness, AStoppedLockHolderDelaysACastByOneBoundAtMost) {
   EXPECT_LT(s[1], 0.5) << "the second cast waited " << s[1] << " s: it should try once";
   EXPECT_LT(s[2], 5.0) << "stats() waited " << s[2] << " s";
   EXPECT_LT(s[3], 5.0) << "a new attach waited " << s[3] << " s";
+  EXPECT_EQ(s[5], 1.0) << "the new process's share_state is not 'lock'";
   EXPECT_GT(a->pool().stats().committed_bytes.current, 0) << "the casts meanwhile were pinned privately";
   // Once the peer lets go, pins are shared again.
   const uint64_t fills = a->share()->stats().fills;
@@ -242,16 +248,36 @@ TEST_F(ShareRobustness, AProcessThatCannotUseTheShareDirectoryPinsPrivately) {
   chmod((open_root + "/pins-" + std::to_string(geteuid())).c_str(), 0755);
   fs::create_directories(link_root);
   fs::create_directory_symlink(root_, link_root + "/pins-" + std::to_string(geteuid()));
-  for (const std::string& where : {root_ + "/missing", file_root, open_root, link_root}) {
+  const std::pair<std::string, const char*> cases[] = {
+      {root_ + "/missing", "directory"}, {file_root, "directory"}, {open_root, "owner"}, {link_root, "owner"}};
+  for (const auto& [where, reason] : cases) {
     SCOPED_TRACE(where);
     std::unique_ptr<Runtime> rt;
     ASSERT_NO_THROW(rt = runtime(where));
     EXPECT_EQ(rt->share(), nullptr);
+    EXPECT_FALSE(rt->share_state().shared);
+    EXPECT_EQ(rt->share_state().reason, reason) << rt->share_state().message;
     const ModelId m = rt->balancer().register_model("m", "cpu");
     EXPECT_TRUE(is_pattern(cast(rt->balancer(), request(m, 1)), 1));
     EXPECT_GT(rt->pool().stats().committed_bytes.current, 0) << "no private pin";
   }
   EXPECT_FALSE(fs::exists(root_ + "/missing"));
+}
+
+// 4. A read-only share_dir (a read-only mount: root writes through a 0500
+// directory) used to make every pins call raise.
+TEST_F(ShareRobustness, AReadOnlyShareDirPinsPrivately) {
+  const std::string ro = root_ + "/ro";
+  SmallTmpfs tmpfs(ro, "1m", MS_RDONLY);
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << tmpfs.why();
+  std::unique_ptr<Runtime> rt;
+  ASSERT_NO_THROW(rt = runtime(ro));
+  EXPECT_EQ(rt->share(), nullptr);
+  EXPECT_EQ(rt->share_state().reason, "directory") << rt->share_state().message;
+  EXPECT_NE(rt->share_state().message.find("Read-only"), std::string::npos) << rt->share_state().message;
+  const ModelId m = rt->balancer().register_model("m", "cpu");
+  EXPECT_TRUE(is_pattern(cast(rt->balancer(), request(m, 2)), 2));
+  EXPECT_GT(rt->pool().stats().committed_bytes.current, 0) << "no private pin";
 }
 
 // 4. The 65th process of a host used to be refused a slot.
@@ -261,6 +287,34 @@ TEST_F(ShareRobustness, MoreThanSixtyFourProcessesShare) {
   std::vector<std::shared_ptr<share::HostShare>> attached;
   for (int i = 0; i < 100; ++i) ASSERT_NO_THROW(attached.push_back(share::HostShare::attach(o))) << i;
   EXPECT_EQ(attached.back()->stats().processes, 100u);
+}
+
+// 4. The process past the last slot (256 attached) used to raise at every
+// call, with a message saying it pinned privately: now it does.
+TEST_F(ShareRobustness, AProcessPastTheLastSlotPinsPrivately) {
+  share::ShareOptions o;
+  o.root = root_;
+  std::vector<std::shared_ptr<share::HostShare>> attached;
+  for (;;) {
+    try {
+      attached.push_back(share::HostShare::attach(o));
+    } catch (const share::AttachError& e) {
+      ASSERT_STREQ(e.reason, "slots") << e.what();
+      break;
+    }
+    ASSERT_LE(attached.size(), 4096u) << "no ceiling";
+  }
+  ASSERT_GE(attached.size(), 256u) << "fewer slots than 256";
+  std::unique_ptr<Runtime> rt;
+  ASSERT_NO_THROW(rt = runtime(root_));
+  EXPECT_EQ(rt->share(), nullptr);
+  EXPECT_EQ(rt->share_state().reason, "slots") << rt->share_state().message;
+  EXPECT_EQ(rt->share_state().message.find("share:false"), std::string::npos) << rt->share_state().message;
+  const ModelId m = rt->balancer().register_model("m", "cpu");
+  EXPECT_TRUE(is_pattern(cast(rt->balancer(), request(m, 3)), 3));
+  EXPECT_GT(rt->pool().stats().committed_bytes.current, 0) << "no private pin";
+  attached.pop_back();  // a slot is free again: the next process shares
+  EXPECT_NE(runtime(root_)->share(), nullptr);
 }
 
 // A share_dir on disk used to be taken silently (segments written to disk).
@@ -283,6 +337,14 @@ TEST_F(ShareRobustness, AShareDirNotInRamIsRefusedWithAClearMessage) {
   }
   EXPECT_NE(what.find("not tmpfs"), std::string::npos) << what;
   EXPECT_NE(what.find(disk), std::string::npos) << what;
+  // Through the runtime: it pins privately and says why, writing nothing there.
+  {
+    auto rt = runtime(disk);
+    EXPECT_EQ(rt->share(), nullptr);
+    EXPECT_EQ(rt->share_state().reason, "filesystem") << rt->share_state().message;
+    const ModelId m = rt->balancer().register_model("m", "cpu");
+    EXPECT_TRUE(is_pattern(cast(rt->balancer(), request(m, 0)), 0));
+  }
   EXPECT_TRUE(fs::is_empty(disk)) << "made on disk: " << fs::directory_iterator(disk)->path();
   fs::remove_all(disk);
 }
