@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -80,14 +81,29 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
   // room to spare), where the test may mount one; else the workers' seam.
   const bool mounted = env_or("PINS_CHAOS_NO_MOUNT", 0) == 0 &&
                        mount("tmpfs", root.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0700") == 0;
-  struct Unmount {  // also when an assertion ends the test early
-    std::string path;
-    bool on;
-    ~Unmount() {
-      if (on) umount2(path.c_str(), MNT_DETACH);
-    }
-  } unmount{root, mounted};
   const std::string full_flag = root + "-full";
+  // Also when an assertion ends the test early: no worker, mount or file is
+  // left (in /dev/shm or /tmp).
+  struct Leftovers {
+    std::string root, full_flag, file;
+    bool mounted;
+    std::vector<Worker>* workers = nullptr;
+    ~Leftovers() {
+      for (size_t i = 0; workers != nullptr && i < workers->size(); ++i) {
+        const pid_t pid = (*workers)[i].pid;
+        int status = 0;
+        if (pid > 0 && waitpid(pid, &status, WNOHANG) == 0) {  // a child not reaped yet
+          kill(pid, SIGKILL);
+          waitpid(pid, &status, 0);
+        }
+      }
+      if (mounted) umount2(root.c_str(), MNT_DETACH);
+      std::error_code ec;
+      fs::remove_all(root, ec);
+      fs::remove(full_flag, ec);
+      fs::remove(file, ec);
+    }
+  } leftovers{root, full_flag, file, mounted};
   std::printf("ShareChaos: the tmpfs is filled %s\n", mounted ? "for real (a tmpfs of its own)"
                                                                : "through the reservation seam (no mount allowed)");
   int fillers = 0;
@@ -191,6 +207,7 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
   };
 
   std::vector<Worker> workers(4);
+  leftovers.workers = &workers;
   for (Worker& w : workers) {
     spawn(w);
     workers_of.push_back(&w);
@@ -319,11 +336,6 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
   EXPECT_EQ(odd_exits, 0u) << "a worker died of something other than the kills (seed " << seed << ")";
   EXPECT_EQ(clean, workers.size());
   EXPECT_FALSE(fs::exists(dir)) << "the last worker out left " << dir;
-  if (mounted) umount2(root.c_str(), MNT_DETACH);
-  unmount.on = false;
-  fs::remove(full_flag);
-  fs::remove_all(root);
-  fs::remove(file);
 }
 
 }  // namespace
