@@ -266,6 +266,13 @@ at::Tensor pin_view(const Lease& lease, uint64_t offset, const at::Tensor& like)
                        like.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
+// Note [Shared pins]: whether the file of a shared pin's source is as it was
+// when mapped, after the fill: a fill that may hold bytes of a rewrite is not
+// published (the pin is this process's, stale as Note [Changed files] says).
+bool fill_is_current(const at::Tensor& source) {
+  return translate([&] { return files::unchanged_since_mapped(source.const_data_ptr(), source.nbytes()); });
+}
+
 bool fill_shared_pin(const Lease& lease, const at::Tensor& pin, const at::Tensor& source) {
   if (!lease.shared_fill()) return false;
   // Note [Shared pins]: the segment is keyed by the file, so it holds the
@@ -390,10 +397,11 @@ at::Tensor cast_through(Lease& lease, const at::Tensor& source, c10::Device devi
   if (!lease) check_source_readable(source);
   const bool fill = lease && lease.needs_fill();
   const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
-  const bool fill_here = fill && !fill_shared_pin(lease, from, source);
+  const bool shared = fill && fill_shared_pin(lease, from, source);
+  const bool fill_here = fill && !shared;
   at::Tensor out = fill_here ? fill_and_copy(from, source, device, dtype, non_blocking)
                              : plain_copy(from, device, dtype, non_blocking);
-  if (fill) lease.filled();
+  if (fill) lease.filled(/*publish=*/!shared || fill_is_current(source));
   if (lease) fence(lease, out.device(), non_blocking);
   return out;
 }
@@ -402,7 +410,8 @@ void cast_through_into(Lease& lease, const at::Tensor& source, const at::Tensor&
   if (!lease) check_source_readable(source);
   const bool fill = lease && lease.needs_fill();
   const at::Tensor from = lease ? pin_view(lease, 0, source) : source;
-  const bool fill_here = fill && !fill_shared_pin(lease, from, source);
+  const bool shared = fill && fill_shared_pin(lease, from, source);
+  const bool fill_here = fill && !shared;
   if (from.scalar_type() == out.scalar_type() || out.device().is_cpu()) {
     // One pass; on the CPU the copy converts as it goes.
     if (fill_here) {
@@ -415,7 +424,7 @@ void cast_through_into(Lease& lease, const at::Tensor& source, const at::Tensor&
     out.copy_(fill_here ? fill_and_copy(from, source, out.device(), std::nullopt, non_blocking)
                    : plain_copy(from, out.device(), std::nullopt, non_blocking));
   }
-  if (fill) lease.filled();
+  if (fill) lease.filled(/*publish=*/!shared || fill_is_current(source));
   if (lease) fence(lease, out.device(), non_blocking);
 }
 

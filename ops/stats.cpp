@@ -167,6 +167,7 @@ c10::Dict<std::string, int64_t> stats_kernel() {
     d.insert("pool_registrations", ps.registrations);
     d.insert("pool_lock_ns", ps.lock_ns);
     d.insert("pool_refusals", ps.refusals);
+    d.insert("lock_failures", ps.lock_failures);  // Note [Refused page-locks] (csrc/pool/pool.h)
     d.insert("pool_deferred_frees", ps.deferred_frees);
     d.insert(std::string("backend.") + ps.backend, 1);
     d.insert("monitor", rt.monitor_running() ? 1 : 0);
@@ -188,18 +189,25 @@ c10::Dict<std::string, int64_t> stats_kernel() {
     d.insert("file_fills_written", static_cast<int64_t>(fs.written));
     d.insert("mapped_files", static_cast<int64_t>(fs.mapped_files));
     d.insert("file_changes", static_cast<int64_t>(fs.changes));
-    // Note [Shared pins] (csrc/share/host_share.h): present with share:true.
-    if (share::HostShare* sh = rt.share()) {
-      const share::ShareStats ss = sh->stats();
+    // Note [Shared pins] (csrc/share/host_share.h): present with share:true;
+    // share_state 0 (and share_state.<reason> 1) when this process pins
+    // privately because it could not attach ("When sharing fails").
+    if (rt.config().share) {
+      const Runtime::ShareState& st = rt.share_state();
+      d.insert("share_state", st.shared ? 1 : 0);
+      if (!st.shared) d.insert("share_state." + st.reason, 1);
+      const share::ShareStats ss = rt.share() != nullptr ? rt.share()->stats() : share::ShareStats{};
       d.insert("share_joins", static_cast<int64_t>(ss.joins));
       d.insert("share_fills", static_cast<int64_t>(ss.fills));
       d.insert("share_published", static_cast<int64_t>(ss.published));
+      d.insert("share_withdrawn", static_cast<int64_t>(ss.withdrawn));
       d.insert("share_waits", static_cast<int64_t>(ss.waits));
       d.insert("share_busy", static_cast<int64_t>(ss.busy));
       d.insert("share_refused", static_cast<int64_t>(ss.refused));
       d.insert("share_errors", static_cast<int64_t>(ss.errors));
       d.insert("share_torn", static_cast<int64_t>(ss.torn));
       d.insert("share_dead_slots", static_cast<int64_t>(ss.dead_slots));
+      d.insert("share_lock_timeouts", static_cast<int64_t>(ss.lock_timeouts));
       d.insert("share_entries", static_cast<int64_t>(ss.entries));
       d.insert("share_bytes", static_cast<int64_t>(ss.bytes));
       d.insert("share_processes", static_cast<int64_t>(ss.processes));
@@ -248,6 +256,11 @@ std::string summary_kernel() {
        << bs.total.dropped << " dropped (" << bs.total.invalidated << " invalidated), " << bs.refusals
        << " refusals; pool " << human_bytes(ps.committed_bytes.current) << " committed, "
        << human_bytes(ps.locked_bytes.current) << " page-locked\n";
+    if (rt.config().share) {
+      const Runtime::ShareState& st = rt.share_state();
+      if (st.shared) os << "shared pins: on, " << rt.share()->dir() << '\n';
+      else os << "shared pins: off in this process (" << st.message << ")\n";
+    }
     for (const ModelStats& m : bs.models) {
       os << "model " << m.id << " '" << m.name << "' (" << m.load_device << (m.options.fast_disk ? ", fast_disk" : "")
          << "): " << m.total.pins << " pins, " << human_bytes(m.total.bytes) << ", " << m.total.hits << " hits, "

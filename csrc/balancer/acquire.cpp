@@ -177,7 +177,7 @@ Lease Balancer::create(const Request& r, Subset target, uint64_t reuse_gap, cons
   return l;
 }
 
-void Balancer::mark_filled(Pin* p) {
+void Balancer::mark_filled(Pin* p, bool publish_it) {
   share::Grant publish;
   {
     MutexLock g(mu_);
@@ -189,9 +189,11 @@ void Balancer::mark_filled(Pin* p) {
       p->share_publish = false;
     }
   }
-  // Note [Shared pins]: after the fill, every process may map it. The lease
-  // holds the pin (and its block), so the segment is not released meanwhile.
-  if (publish) share_->publish(publish);
+  // Note [Shared pins]: after the fill, every process may map it, unless the
+  // fill may not hold the key's bytes. The lease holds the pin (and its
+  // block), so the segment is not released meanwhile.
+  if (publish && publish_it) share_->publish(publish);
+  else if (publish) share_->withdraw(publish);
 }
 
 void Balancer::release(Pin* p) {

@@ -31,9 +31,9 @@ void* Lease::data() const { return pin_->block; }
 size_t Lease::bytes() const { return pin_->bytes; }
 Subset Lease::subset() const { return pin_->subset; }
 
-void Lease::filled() {
+void Lease::filled(bool publish) {
   PINS_ASSERT(pin_ != nullptr && fill_, "filled() on a lease that had nothing to fill");
-  owner_->mark_filled(pin_);
+  owner_->mark_filled(pin_, publish);
   fill_ = false;
 }
 

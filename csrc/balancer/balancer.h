@@ -74,7 +74,9 @@ class Lease {
   // it must read the file (files::fill_from_file with file_only), never the
   // source's memory.
   bool shared_fill() const { return fill_ && pin_->share_publish; }
-  void filled();
+  // `publish`: a shared fill holds its key's bytes (false: the file changed
+  // during it; its segment is withdrawn, never published, Note [Shared pins]).
+  void filled(bool publish = true);
 
  private:
   // Note [Copies from a block] (csrc/pool/pool.h): a lease is a copy from its
@@ -257,7 +259,7 @@ class Balancer {
   Lease create(const Request& r, Subset target, uint64_t reuse_gap, const Admitted& admitted,
                std::unique_ptr<SourceGuard> guard) PINS_EXCLUDES(mu_);
   void release(Pin* pin) PINS_EXCLUDES(mu_);
-  void mark_filled(Pin* pin) PINS_EXCLUDES(mu_);
+  void mark_filled(Pin* pin, bool publish) PINS_EXCLUDES(mu_);
 
   // ---- freeing (freeing.cpp)
   // Frees along the tiers of `reach`, in the order PinTable::walk gives for

@@ -67,20 +67,21 @@ FileWatch::~FileWatch() { close_file(file_); }
 uint64_t FileWatch::changes(bool look) {
   if (look) {
     const int64_t now = monotonic_ns();
-    if (now - looked_ns_.load(std::memory_order_relaxed) >= kLookInterval) {
-      std::lock_guard<std::mutex> g(mu_);
-      FileStamp seen;
-      // A failed look (the file is open here: it does not fail) changes nothing.
-      if (stamp_of(file_, seen)) {
-        if (!(seen == stamp_)) {
-          stamp_ = seen;
-          changes_.fetch_add(1, std::memory_order_release);
-          g_changes.fetch_add(1, std::memory_order_relaxed);
-        }
-      }
-      looked_ns_.store(now, std::memory_order_relaxed);
-    }
+    if (now - looked_ns_.load(std::memory_order_relaxed) >= kLookInterval) look_now();
   }
+  return changes_.load(std::memory_order_acquire);
+}
+
+uint64_t FileWatch::look_now() {
+  std::lock_guard<std::mutex> g(mu_);
+  FileStamp seen;
+  // A failed look (the file is open here: it does not fail) changes nothing.
+  if (stamp_of(file_, seen) && !(seen == stamp_)) {
+    stamp_ = seen;
+    changes_.fetch_add(1, std::memory_order_release);
+    g_changes.fetch_add(1, std::memory_order_relaxed);
+  }
+  looked_ns_.store(monotonic_ns(), std::memory_order_relaxed);
   return changes_.load(std::memory_order_acquire);
 }
 
@@ -139,10 +140,18 @@ bool share_key_of(const void* p, uint64_t n, share::Key& out) {
   if (n == 0 || !any_mapped()) return false;
   FileRange where;
   if (!find_mapped(p, n, where)) return false;
-  if (where.file->watch()->changes(/*look=*/false) != 0 || !pages_unwritten(p, n)) return false;
+  // Note [Changed files] before a join: a segment keyed by the stamp of the
+  // mapping holds the bytes the file had then, so it serves this source only
+  // while the file has not changed since it was mapped (looked at now).
+  if (where.file->watch()->look_now() != 0 || !pages_unwritten(p, n)) return false;
   const FileStamp& st = where.file->stamp();
   out = share::Key{st.dev, st.ino, st.size, st.mtime_ns, st.ctime_ns, where.offset, n};
   return true;
+}
+
+bool unchanged_since_mapped(const void* p, uint64_t n) {
+  FileRange where;
+  return find_mapped(p, n, where) && where.file->watch()->look_now() == 0;
 }
 
 bool fill_from_file(const void* p, uint64_t n, void* dst, int threads, bool file_only) {

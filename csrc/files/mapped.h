@@ -69,6 +69,8 @@ class FileWatch {
   // How many times the file was seen changed. `look`: fstat it first, when the
   // last look is kLookInterval old or older (else no syscall).
   uint64_t changes(bool look);
+  // changes(), after a look made now whenever the last one was.
+  uint64_t look_now();
   static constexpr int64_t kLookInterval = 2'000'000;  // ns
 
  private:
@@ -161,8 +163,12 @@ bool fill_from_file(const void* p, uint64_t n, void* dst, int threads = kReadThr
 
 // Note [Shared pins] (csrc/share/host_share.h): the key of [p, p + n) when a pin
 // of it may be shared: it lies in a registered mapping, no page of it was
-// written through the mapping, and the file was not seen changed since it was
-// mapped (Note [Changed files]). False otherwise.
+// written through the mapping, and the file has not changed since it was
+// mapped (Note [Changed files]; looked at now, a syscall). False otherwise.
 bool share_key_of(const void* p, uint64_t n, share::Key& out);
+// Whether [p, p + n) lies in a registered mapping whose file has not changed
+// since it was mapped, looked at now: a shared pin filled from the file is
+// published only then.
+bool unchanged_since_mapped(const void* p, uint64_t n);
 
 }  // namespace pins::files

@@ -34,6 +34,17 @@
 // retain limit, trim() and the cap's decommits give it back like any other,
 // cut to what they need.
 //
+// Note [Refused page-locks]
+// A backend may refuse to page-lock memory it committed: cudaHostRegister
+// fails for large ranges on WSL2 and in some containers (microsoft/WSL#14078:
+// above about 500 MB in Docker on WSL2), mlock past RLIMIT_MEMLOCK. A request
+// that asked for a lock is then served all the same, from the extent committed
+// for it (or the prewarmed cut) left unlocked, which a later request that
+// needs no lock may share. The refusal counts in lock_failures and the first
+// one prints a warning (csrc/base/warn.h). A copy from unlocked memory is
+// correct (the driver stages pageable memory), only slower. An adopted block
+// whose lock is refused is likewise served unlocked.
+//
 // Note [Fences protect blocks]
 // A fence recorded on a block (a copy in flight from it) keeps the block out of
 // reuse: a block freed while a fence is pending is parked and only returns to the
@@ -112,6 +123,7 @@
 // reap holds, adopted blocks being locked or retired).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -148,7 +160,8 @@ class HostPool {
   HostPool& operator=(const HostPool&) = delete;
 
   // A block of at least `size` bytes, page-locked when `lock` and the backend can
-  // lock; nullptr when the cap or the OS refuses (nothing changed then). A size
+  // lock (unlocked when it refuses: Note [Refused page-locks]); nullptr when the
+  // cap or the OS refuses the memory (nothing changed then). A size
   // of 0 or past kMaxAllocation is a pins::ValueError (nothing changed either):
   // no size arithmetic of the pool can wrap below that bound.
   void* try_allocate(size_t size, bool lock = true) PINS_EXCLUDES(mu_);
@@ -268,9 +281,13 @@ class HostPool {
   // the backend refuses.
   bool reserve_segment(size_t bytes) PINS_REQUIRES(mu_);
   // Commits (and locks when `lock`) [addr, addr + esize), taken from seg's free
-  // ranges, and lists it as an idle extent; false, the range given back, when
-  // the backend refuses either.
-  bool commit_extent(uintptr_t addr, size_t esize, Segment* seg, bool lock) PINS_REQUIRES(mu_);
+  // ranges, and lists it as an idle extent: Done; Unlocked when the backend
+  // refused the lock (Note [Refused page-locks]); Refused, the range given
+  // back, when it refused the commit.
+  enum class Committed { Done, Unlocked, Refused };
+  Committed commit_extent(uintptr_t addr, size_t esize, Segment* seg, bool lock) PINS_REQUIRES(mu_);
+  // Note [Refused page-locks]: the warning, once per pool. Called unlocked.
+  void warn_refused_lock(size_t bytes, int err) PINS_EXCLUDES(mu_);
   void release(Block* b) PINS_REQUIRES(mu_);
   std::vector<Extent*> pick_idle(size_t over) PINS_REQUIRES(mu_);
   // The extent a request of `need` (whole pages) commits: extent_min when it
@@ -348,6 +365,7 @@ class HostPool {
   std::vector<Block*> parked_ PINS_GUARDED_BY(mu_);
   std::map<uintptr_t, std::unique_ptr<Extent>> adopted_ PINS_GUARDED_BY(mu_);  // Note [Adopted blocks]
   PoolStats stats_ PINS_GUARDED_BY(mu_);
+  std::atomic<bool> warned_lock_{false};  // Note [Refused page-locks]
 };
 
 }  // namespace pins

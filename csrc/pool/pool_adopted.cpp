@@ -61,6 +61,7 @@ void* HostPool::adopt(void* data, size_t size, bool lock, std::function<void()> 
     lrc = backend_->lock(data, size);
     ns = monotonic_ns() - t0;
   }
+  if (lrc != 0) warn_refused_lock(size, lrc);
   MutexLock g(mu_);
   e->locking = false;
   if (lrc != 0) {

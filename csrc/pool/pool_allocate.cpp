@@ -5,6 +5,7 @@
 #include "csrc/base/check.h"
 #include "csrc/base/clock.h"
 #include "csrc/base/nvtx.h"
+#include "csrc/base/warn.h"
 #include "csrc/pool/pool_records.h"
 
 namespace pins {
@@ -14,7 +15,7 @@ void* HostPool::try_allocate(size_t size, bool lock) {
   // Past this bound round_align() and round_page() could wrap (SIZE_MAX - 511
   // would round to 0); below it no sum of the pool's sizes comes near 2^64.
   PINS_CHECK_VALUE(size <= kMaxAllocation, "pool allocation size must be at most 2^48 bytes, got ", size);
-  const bool want_lock = lock && can_lock_;
+  bool want_lock = lock && can_lock_;
   const size_t asize = round_align(size);
   const size_t need = round_page(asize);
   reap();
@@ -23,13 +24,11 @@ void* HostPool::try_allocate(size_t size, bool lock) {
   for (;;) {
     // 1. A free block of an extent committed (and locked) already.
     if (Block* b = take_free(asize, want_lock)) return finish(b, size);
-    // 2. A locked request locks a cut of prewarmed memory.
+    // 2. A locked request locks a cut of prewarmed memory; the cut is served
+    // unlocked when the backend refuses the lock (Note [Refused page-locks]).
     if (want_lock) {
       if (Extent* pre = find_prewarmed(need)) {
-        if (!lock_prewarmed(pre, need)) {
-          stats_.refusals++;
-          return nullptr;
-        }
+        if (!lock_prewarmed(pre, need)) want_lock = false;
         continue;  // step 1 takes it
       }
     }
@@ -51,11 +50,14 @@ void* HostPool::try_allocate(size_t size, bool lock) {
       }
       continue;
     }
-    // 5. The extent committed (and locked), then step 1 takes it.
-    if (!commit_extent(addr, esize, seg, want_lock)) {
+    // 5. The extent committed (and locked), then step 1 takes it; unlocked
+    // when the backend refuses the lock (Note [Refused page-locks]).
+    const Committed c = commit_extent(addr, esize, seg, want_lock);
+    if (c == Committed::Refused) {
       stats_.refusals++;
       return nullptr;
     }
+    if (c == Committed::Unlocked) want_lock = false;
   }
 }
 
@@ -158,42 +160,43 @@ bool HostPool::reserve_segment(size_t bytes) {
   return true;
 }
 
-bool HostPool::commit_extent(uintptr_t addr, size_t esize, Segment* seg, bool lock) {
+HostPool::Committed HostPool::commit_extent(uintptr_t addr, size_t esize, Segment* seg, bool lock) {
   committing_ += esize;
   mu_.unlock();
   void* p = reinterpret_cast<void*>(addr);
   const int64_t t0 = monotonic_ns();
-  int rc = backend_->commit(p, esize);
+  const int rc = backend_->commit(p, esize);
   const int64_t t1 = monotonic_ns();
   int lrc = 0;
   if (rc == 0 && lock) {
     PINS_RANGE("pins::register");
     lrc = backend_->lock(p, esize);
-    if (lrc != 0) backend_->decommit(p, esize);
   }
   const int64_t t2 = monotonic_ns();
+  if (lrc != 0) warn_refused_lock(esize, lrc);
   mu_.lock();
   committing_ -= esize;
   stats_.commit_ns += t1 - t0;
-  if (rc != 0 || lrc != 0) {
-    if (lrc != 0) stats_.lock_failures++;
+  if (rc != 0) {
     add_range(addr, esize, seg);
-    return false;
+    return Committed::Refused;
   }
+  const bool locked = lock && lrc == 0;
+  if (lrc != 0) stats_.lock_failures++;
   stats_.commits++;
   stats_.committed_bytes.increase(static_cast<int64_t>(esize));
-  if (lock) {
+  if (locked) {
     stats_.registrations++;
     stats_.lock_ns += t2 - t1;
     stats_.locked_bytes.increase(static_cast<int64_t>(esize));
   }
-  auto e = std::make_unique<Extent>(Extent{addr, esize, seg, lock});
+  auto e = std::make_unique<Extent>(Extent{addr, esize, seg, locked});
   Extent* ep = e.get();
   extents_.emplace(addr, std::move(e));
   // Listed as a free, idle extent like any other, then taken by the next
   // take_free() under the same lock hold.
   list_idle(ep);
-  return true;
+  return lock && !locked ? Committed::Unlocked : Committed::Done;
 }
 
 void HostPool::list_idle(Extent* e) {
@@ -241,6 +244,12 @@ bool HostPool::take_range(size_t size, uintptr_t* addr, Segment** seg) {
   *addr = raddr;
   *seg = r.seg;
   return true;
+}
+
+void HostPool::warn_refused_lock(size_t bytes, int err) {
+  warn_once(warned_lock_, detail::cat("the ", backend_->name(), " backend refused to page-lock ", bytes,
+                                      " bytes (error ", err, "); pins serves such pins from unlocked memory, "
+                                      "which copies to a device more slowly (counted in stats()['lock_failures'])"));
 }
 
 }  // namespace pins

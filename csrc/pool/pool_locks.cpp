@@ -22,11 +22,12 @@ bool HostPool::lock_prewarmed(Extent* pre, size_t need) {
     lrc = backend_->lock(reinterpret_cast<void*>(e->base), e->size);
     t1 = monotonic_ns();
   }
+  if (lrc != 0) warn_refused_lock(e->size, lrc);
   mu_.lock();
   e->locking = false;
   if (lrc != 0) {
     stats_.lock_failures++;
-    list_idle(e);  // committed, unlocked and idle: reused or decommitted like any other
+    list_idle(e);  // committed, unlocked and idle: served unlocked, reused or decommitted like any other
     return false;
   }
   e->locked = true;

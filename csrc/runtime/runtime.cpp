@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "csrc/base/check.h"
+#include "csrc/base/warn.h"
 #include "csrc/system/process.h"
 
 namespace pins {
@@ -64,6 +65,25 @@ Runtime& Runtime::get() {
 
 namespace {
 
+// Note [Shared pins], "When sharing fails": sharing is an optimisation, so a
+// process that cannot attach pins privately, says so once and in stats().
+std::shared_ptr<share::HostShare> attach_share(const Config& c, Runtime::ShareState& state) {
+  if (!c.share) return nullptr;
+  share::ShareOptions o;
+  o.root = c.share_dir;
+  try {
+    auto s = share::HostShare::attach(o);
+    state.shared = true;
+    return s;
+  } catch (const share::AttachError& e) {
+    state.reason = e.reason;
+    state.message = e.what();
+  }
+  static std::atomic<bool> warned{false};
+  warn_once(warned, state.message + "; this process pins privately (stats()['share_state'] is 0)");
+  return nullptr;
+}
+
 SourcedConfig given(const Config& c) {
   SourcedConfig s;
   s.config = c;
@@ -79,7 +99,7 @@ Runtime::Runtime(const SourcedConfig& sc)
     : config_(sc.config),
       sources_(sc.sources),
       derived_(sc.derived),
-      share_(sc.config.share ? share::HostShare::attach(share::ShareOptions{sc.config.share_dir}) : nullptr),
+      share_(attach_share(sc.config, share_state_)),
       pool_(make_backend(sc.config.backend, sc.config.mlock), pool_options(sc.config)),
       probe_(std::make_unique<SystemMemoryProbe>(sc.config.system_root,
                                                  static_cast<int64_t>(sc.config.memory_max_age_us) * 1000)),

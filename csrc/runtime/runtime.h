@@ -95,8 +95,17 @@ class Runtime {
   // The parts live as long as the Runtime (for get(): the whole process).
   Balancer& balancer() { return *balancer_; }
   HostPool& pool() { return pool_; }
-  // Note [Shared pins]: the host index this process shares through; null with share:false.
+  // Note [Shared pins]: the host index this process shares through; null with
+  // share:false, and when attaching failed (share_state() says why).
   share::HostShare* share() const { return share_.get(); }
+  // Note [Shared pins], "When sharing fails": with share:true, whether this
+  // process shares; when not, why (AttachError's reason word and its message).
+  struct ShareState {
+    bool shared = false;
+    std::string reason;
+    std::string message;
+  };
+  const ShareState& share_state() const { return share_state_; }
   MemoryProbe& probe() { return *probe_; }
 
   // Applies `conf` (PINS_CONF syntax) on top of the current configuration. The
@@ -166,7 +175,9 @@ class Runtime {
   // pool and reads the probe, so both outlive it; the monitor calls the
   // balancer and reads the probe, so it goes first.
   // Note [Shared pins]: attached when config_.share; before the pool, whose
-  // adopted blocks release into it (they hold it too).
+  // adopted blocks release into it (they hold it too). share_state_ first:
+  // the attach writes it.
+  ShareState share_state_;
   const std::shared_ptr<share::HostShare> share_;
   HostPool pool_;
   const std::unique_ptr<SystemMemoryProbe> probe_;

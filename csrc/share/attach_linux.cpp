@@ -25,12 +25,57 @@ namespace {
 void check_owned(const struct stat& st, const std::string& path, bool dir) {
   const uid_t me = geteuid();
   if (dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
-    throw ValueError(detail::cat("share: ", path, " is not a ", dir ? "directory" : "regular file",
-                                 "; pins shares only through a directory of its own"));
+    throw AttachError("owner", detail::cat("share: ", path, " is not a ", dir ? "directory" : "regular file",
+                                           "; pins shares only through a directory of its own"));
   if (st.st_uid != me || (st.st_mode & 077) != 0)
-    throw ResourceError(detail::cat("share: ", path, " belongs to uid ", st.st_uid, " with mode ", std::oct,
-                                    (st.st_mode & 07777), std::dec, "; this process runs as uid ", me,
-                                    " and shares only through files of its own user, mode 0700/0600"));
+    throw AttachError("owner", detail::cat("share: ", path, " belongs to uid ", st.st_uid, " with mode ", std::oct,
+                                           (st.st_mode & 07777), std::dec, "; this process runs as uid ", me,
+                                           " and shares only through files of its own user, mode 0700/0600"));
+}
+
+[[noreturn]] void fail(const char* reason, const std::string& what) {
+  throw AttachError(reason, "share: " + what);
+}
+
+std::string not_in_ram(const std::string& path, const std::string& type) {
+  return detail::cat(path, " is on ", type, ", not tmpfs: shared segments there would be written to disk; set "
+                     "share_dir to a tmpfs such as /dev/shm");
+}
+
+// Note [Shared pins], where the share lives: refused before anything is made
+// on a filesystem that is not in RAM.
+void check_in_ram(const std::string& root) {
+  const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail("directory", detail::cat("cannot open share_dir ", root, ": ", errno_text(errno)));
+  std::string type;
+  const bool ram = in_ram(fd, &type);
+  close(fd);
+  if (!ram) fail("filesystem", not_in_ram(root, type));
+}
+
+// What attach() opened, closed again unless it succeeds.
+struct Opening {
+  explicit Opening(HostShare::Impl& im) : im(im) {}
+  ~Opening() {
+    if (done) return;
+    if (im.base != nullptr) munmap(im.base, kIndexBytes);
+    if (locked) im.unlock();
+    if (im.fd >= 0) close(im.fd);
+    if (im.dir_fd >= 0) close(im.dir_fd);
+    if (remove_dir) rmdir(im.dir.c_str());  // only when empty
+  }
+  HostShare::Impl& im;
+  bool locked = false, remove_dir = false, done = false;
+};
+
+// Unmaps and closes the index: this process is out of it from here on.
+void close_index(HostShare::Impl& im) {
+  im.detached = true;
+  if (im.base != nullptr) munmap(im.base, kIndexBytes);
+  im.base = nullptr;
+  if (im.fd >= 0) close(im.fd);  // under mu: no other thread reads fd meanwhile
+  if (im.dir_fd >= 0) close(im.dir_fd);
+  im.fd = im.dir_fd = -1;
 }
 
 std::mutex g_live_mu;
@@ -99,6 +144,7 @@ HostShare::~HostShare() {
 std::shared_ptr<HostShare> HostShare::attach(const ShareOptions& options) {
   PINS_CHECK_VALUE(!options.root.empty(), "share: share_dir must name a directory, got ''");
   const std::string dir = options.root + "/pins-" + std::to_string(geteuid());
+  check_in_ram(options.root);  // before anything is made there
   for (int attempt = 0;; ++attempt) {
     // The last process may remove the directory between any two steps here:
     // each such step starts over (a few times, then the error stands).
@@ -107,72 +153,60 @@ std::shared_ptr<HostShare> HostShare::attach(const ShareOptions& options) {
     im->dir = dir;
     im->pid = getpid();
     im->wait_ms = options.wait_ms;
+    im->lock_wait_ns = static_cast<int64_t>(options.lock_wait_ms) * 1'000'000;
     if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-      throw ResourceError(detail::cat("share: cannot create ", dir, ": ", errno_text(errno)));
-    im->dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      fail("directory", detail::cat("cannot create ", dir, ": ", errno_text(errno)));
+    Opening open(*im);  // closes what it opened unless attach succeeds
+    im->dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (im->dir_fd < 0) {
       if (errno == ENOENT && !last_try) continue;
-      throw ResourceError(detail::cat("share: cannot open ", dir, ": ", errno_text(errno)));
+      fail(errno == ELOOP || errno == ENOTDIR ? "owner" : "directory",
+           detail::cat("cannot open ", dir, ": ", errno_text(errno)));
     }
     struct stat st {};
-    if (fstat(im->dir_fd, &st) != 0)
-      throw ResourceError(detail::cat("share: cannot stat ", dir, ": ", errno_text(errno)));
-    const auto close_all = [&] {
-      if (im->base != nullptr) munmap(im->base, kIndexBytes);
-      if (im->fd >= 0) close(im->fd);
-      close(im->dir_fd);
-      im->base = nullptr;
-      im->fd = im->dir_fd = -1;
-    };
-    try {
-      check_owned(st, dir, /*dir=*/true);
-    } catch (...) {
-      close_all();
-      throw;
-    }
+    if (fstat(im->dir_fd, &st) != 0) fail("directory", detail::cat("cannot stat ", dir, ": ", errno_text(errno)));
+    check_owned(st, dir, /*dir=*/true);
+    std::string type;
+    if (!in_ram(im->dir_fd, &type)) fail("filesystem", not_in_ram(dir, type));
     const std::string index_path = dir + "/index";
     im->fd = openat(im->dir_fd, "index", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (im->fd < 0) {
       const int err = errno;
-      close_all();
       if (err == ENOENT && !last_try) continue;
-      throw ResourceError(detail::cat("share: cannot open ", index_path, ": ", errno_text(err)));
+      fail(err == ELOOP ? "owner" : "directory", detail::cat("cannot open ", index_path, ": ", errno_text(err)));
     }
-    if (fstat(im->fd, &st) != 0) {
-      close_all();
-      throw ResourceError(detail::cat("share: cannot stat ", index_path));
-    }
-    try {
-      check_owned(st, index_path, /*dir=*/false);
-    } catch (...) {
-      close_all();
-      throw;
-    }
-    im->mu.lock();
-    while (!ofd_lock(im->fd, F_WRLCK, kIndexLockByte, true)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (fstat(im->fd, &st) != 0) fail("directory", detail::cat("cannot stat ", index_path));
+    check_owned(st, index_path, /*dir=*/false);
+    // Note [Bounded index lock]: a peer stopped while it holds the lock keeps
+    // this process from sharing, not from working.
+    if (!im->lock())
+      fail("lock", detail::cat(index_path, " stayed locked by another process for ", options.lock_wait_ms,
+                               " ms (a process stopped or frozen while it held it?)"));
+    open.locked = true;
     // Still the index the directory names? The last process may have removed it.
     struct stat now {};
     if (fstatat(im->dir_fd, "index", &now, AT_SYMLINK_NOFOLLOW) != 0 || now.st_ino != st.st_ino ||
         now.st_dev != st.st_dev) {
-      im->unlock();
-      close_all();
-      if (last_try) throw ResourceError(detail::cat("share: ", index_path, " keeps being replaced"));
+      if (last_try) fail("directory", detail::cat(index_path, " keeps being replaced"));
       continue;
     }
     const bool fresh = static_cast<size_t>(st.st_size) != kIndexBytes;
-    if (fresh && (ftruncate(im->fd, 0) != 0 || ftruncate(im->fd, static_cast<off_t>(kIndexBytes)) != 0)) {
-      const int err = errno;
-      im->unlock();
-      close_all();
-      throw ResourceError(detail::cat("share: cannot size ", index_path, ": ", errno_text(err)));
+    if (fresh && (ftruncate(im->fd, 0) != 0 || ftruncate(im->fd, static_cast<off_t>(kIndexBytes)) != 0))
+      fail("directory", detail::cat("cannot size ", index_path, ": ", errno_text(errno)));
+    // Note [Shared pins], a full tmpfs: the index's pages are reserved before
+    // one is touched, as a segment's are; a fresh index that gets no room goes
+    // (no process uses it yet), and the directory with it when empty.
+    if (const int err = reserve_file(im->fd, static_cast<off_t>(kIndexBytes)); err != 0) {
+      if (fresh) {
+        unlinkat(im->dir_fd, "index", 0);
+        open.remove_dir = true;
+      }
+      fail(err == ENOSPC ? "space" : "directory",
+           detail::cat("cannot reserve the ", kIndexBytes, " bytes of ", index_path, ": ", errno_text(err),
+                       err == ENOSPC ? detail::cat(" (", options.root, " is full)") : std::string()));
     }
     void* p = mmap(nullptr, kIndexBytes, PROT_READ | PROT_WRITE, MAP_SHARED, im->fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      im->unlock();
-      close_all();
-      throw ResourceError(detail::cat("share: cannot map ", index_path, ": ", errno_text(err)));
-    }
+    if (p == MAP_FAILED) fail("directory", detail::cat("cannot map ", index_path, ": ", errno_text(errno)));
     im->base = static_cast<char*>(p);
     if (fresh || !im->header_ok()) im->init_index();
     // A slot: one whose byte no live process holds.
@@ -180,22 +214,19 @@ std::shared_ptr<HostShare> HostShare::attach(const ShareOptions& options) {
     for (uint32_t s = 0; s < kSlots && !claimed; ++s) {
       if (!ofd_lock(im->fd, F_WRLCK, slot_byte(s), false)) continue;
       im->slot = s;
-      if (im->header().slots_used & (uint64_t{1} << s)) {
+      if (im->header().slots_used.has(s)) {
         im->reclaim_slot(s);  // its last holder died
         im->dead_slots.fetch_add(1, std::memory_order_relaxed);
       }
       claimed = true;
     }
-    if (!claimed) {
-      im->unlock();
-      close_all();
-      throw ResourceError(detail::cat("share: ", kSlots, " processes share ", dir,
-                                      " already; this one pins privately (share:false)"));
-    }
-    im->header().slots_used |= uint64_t{1} << im->slot;
+    if (!claimed) fail("slots", detail::cat(kSlots, " processes share ", dir, " already"));
+    im->header().slots_used.add(im->slot);
     im->sweep_dead();
     im->sweep_files();
     im->unlock();
+    open.locked = false;
+    open.done = true;
     Impl* raw = im.get();
     std::shared_ptr<HostShare> out(new HostShare(std::move(im), dir));
     register_live(out, raw);
@@ -206,7 +237,14 @@ std::shared_ptr<HostShare> HostShare::attach(const ShareOptions& options) {
 void HostShare::detach() {
   Impl& im = *impl_;
   if (im.pid != getpid()) return;  // a fork child: the index is its parent's
-  im.lock();
+  if (!im.lock()) {
+    // Note [Bounded index lock]: the index is closed all the same, which
+    // drops this slot's lock; the next process that looks reclaims the slot.
+    std::unique_lock<std::timed_mutex> g(im.mu, std::chrono::nanoseconds(im.lock_wait_ns));
+    if (!g.owns_lock() || !im.usable()) return;  // another thread of this process is stuck too: exit closes it
+    close_index(im);
+    return;
+  }
   if (!im.usable()) {
     im.unlock();
     return;
@@ -215,9 +253,9 @@ void HostShare::detach() {
     const Entry& e = im.entry(i);
     if (entry_valid(e) && Impl::holds(e, im.slot)) im.let_go(i, im.slot);
   }
-  im.header().slots_used &= ~(uint64_t{1} << im.slot);
+  im.header().slots_used.remove(im.slot);
   im.sweep_dead();
-  if (im.header().slots_used == 0) {
+  if (im.header().slots_used.none()) {
     // The last one out: every file goes, then the directory.
     for (uint32_t i = 0; i < kEntries; ++i) {
       Entry& e = im.entry(i);
@@ -228,14 +266,9 @@ void HostShare::detach() {
     unlinkat(im.dir_fd, "index", 0);
     rmdir(im.dir.c_str());
   }
-  im.detached = true;
   ofd_lock(im.fd, F_UNLCK, slot_byte(im.slot), false);
   ofd_lock(im.fd, F_UNLCK, kIndexLockByte, false);
-  munmap(im.base, kIndexBytes);
-  im.base = nullptr;
-  close(im.fd);  // under mu: no other thread reads fd meanwhile
-  close(im.dir_fd);
-  im.fd = im.dir_fd = -1;
+  close_index(im);
   im.mu.unlock();
 }
 

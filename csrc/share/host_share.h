@@ -9,7 +9,12 @@
 // /dev/shm unless set), mapped MAP_SHARED by every process that pins the same
 // bytes. A segment is keyed by the file's identity as fstat tells it (device,
 // inode, size, mtime, ctime) and the byte range, so a second process finds it
-// without reading or hashing the file. A segment holds one tensor: each
+// without reading or hashing the file. A segment holds the file's bytes as
+// they were under that stamp, so a process takes a key only while its file
+// has not changed since it mapped it (looked at with fstat at each new shared
+// pin, Note [Changed files]), and a writer publishes its fill only when the
+// file is still unchanged after it (else the segment is withdrawn): sharing
+// never serves bytes the same process would not serve without it. Each
 // process page-locks its own mapping of it (the pool adopts it: Note [Adopted
 // blocks]), a registration the size of one pin, as for private pins. What is
 // not shared: a source not backed
@@ -19,8 +24,9 @@
 // The index. One file, `index`, in the same directory, mapped MAP_SHARED: a
 // header, a table of process slots and an open-addressed table of entries
 // (probed from the key's hash). Every read and write of it happens under the
-// *index lock*, an OFD lock (fcntl F_OFD_SETLKW) on byte 0 of the index file:
-// one process at a time looks up, creates, publishes, releases or evicts. An
+// *index lock*, an OFD lock on byte 0 of the index file: one process at a
+// time looks up, creates, publishes, releases or evicts, and no take of it
+// waits longer than lock_wait_ms (Note [Bounded index lock], index_lock_linux.cpp). An
 // entry is Empty, Free (a tombstone: probes go on past it), Writing (one
 // process fills its segment) or Ready; its generation, drawn from a counter in
 // the header, names its segment file (seg-<entry>-<generation>), so a name is
@@ -28,19 +34,27 @@
 // entry before it is Ready (a reader of a Writing entry waits, outside the
 // lock, or copies from its source past share_wait). Each entry carries a
 // checksum of its fields, the header one of its own: an entry that fails it
-// (a process killed in the middle of an update, or a peer writing garbage) is
-// dropped, and its segment, named by nobody then, is removed with every other
-// file of the directory no valid entry names. Nothing read from the index is
-// used before its check passed: an index whose header fails is rebuilt.
+// (a process killed in the middle of an update, a stray write) or whose
+// fields make no sense together is dropped, and its segment, named by nobody
+// then, is removed with every other file of the directory no valid entry
+// names. Nothing read from the index is used before its check passed: an
+// index whose header fails is rebuilt. The checksum is not a signature: an
+// entry a process of the same user wrote with a correct checksum is believed
+// (see Security). The index's pages, as a segment's, are reserved
+// (posix_fallocate) before one is touched: a full tmpfs is a refusal, never a
+// SIGBUS, and a fresh index that gets no room is removed.
 //
-// Leases and liveness. A process claims a slot (64 in all) by holding an OFD
+// Leases and liveness. A process claims a slot (256 in all) by holding an OFD
 // lock on the slot's own byte of the index file for its life: the kernel
 // drops it when the process dies, however it dies, so a peer tells a live
 // slot from a dead one by asking (F_OFD_GETLK), not by trusting a pid. An
 // entry's leases are a bit per slot: a process holds its bit while one of its
 // pins maps the segment. A dead slot's bits are cleared, and its Writing
 // entries dropped, by the next process that looks (at attach, detach, a wait on
-// its Writing entry, and once a second in acquire()).
+// its Writing entry, and once a second in acquire()). So what processes that
+// died (kill -9, os._exit) leave holds RAM in tmpfs until a live process of the
+// same directory looks, or, when none is left, until the next attach
+// (`python -m torch_pins share --clean` is one).
 //
 // Eviction and the budget. An entry lives while a process leases it: when the
 // last lease goes, its segment is unlinked and its RAM returns to the system
@@ -61,10 +75,27 @@
 // Security. The directory is created 0700 and every file in it 0600, opened
 // relative to the directory with O_NOFOLLOW; a directory or file that is not
 // the process's user's own, or is open to others, is refused with an error
-// naming it, its owner and mode: a process of another user cannot attach.
-// Same-user processes are trusted with the segments' bytes, as they can
-// ptrace each other anyway (one that truncates a segment another maps makes
-// the reader fault); the index is checked, never trusted.
+// naming it, its owner and mode: a process of another user can neither read
+// nor write the share. The threat model stops there: processes of the same
+// user are trusted, with the segments' bytes and with the index alike, as
+// they can write the segments or ptrace each other anyway (one that
+// truncates a segment another maps makes the reader fault). The index is
+// checked so that nothing in it (a torn update, garbage, a forged entry)
+// makes a process crash or map a file that is not a segment of the right
+// size; a forged entry with a correct checksum and sound fields is served, as
+// a forged segment would be. A keyed checksum would change nothing: its key
+// would sit in a file the same user can read.
+//
+// When sharing fails. attach() fails (AttachError, a reason word and a
+// message naming the path) when the directory cannot be made or used
+// (missing, read-only, another user's or open to others: a local user can
+// create <root>/pins-<uid> first, which is why share_dir may name a directory
+// of the user's own, such as $XDG_RUNTIME_DIR), when share_dir is not on a
+// filesystem in RAM (tmpfs, ramfs: elsewhere the segments would be written to
+// disk), when the tmpfs has no room for the index, when all slots are taken,
+// and when the index lock stays held past lock_wait_ms. The runtime then pins
+// privately, prints one warning and reports share_state 0 with the reason in
+// stats(): sharing is an optimisation, and every op works without it.
 //
 // Crash safety. A kill -9 anywhere leaves the other processes serving correct
 // bytes: an entry is mapped only Ready, a Writing entry of a dead writer is
@@ -79,6 +110,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+
+#include "csrc/base/check.h"
 
 namespace pins::share {
 
@@ -120,6 +153,8 @@ struct ShareStats {
   uint64_t errors = 0;      // a segment that could not be created or mapped
   uint64_t torn = 0;        // entries dropped because they failed their check
   uint64_t dead_slots = 0;  // slots of dead processes reclaimed
+  uint64_t lock_timeouts = 0;  // takes of the index lock past lock_wait_ms (Note [Bounded index lock])
+  uint64_t withdrawn = 0;   // fills not published: the file changed during the fill (Note [Shared pins])
   // The host's, as the index said at the call.
   uint64_t entries = 0;     // Writing and Ready entries
   uint64_t bytes = 0;       // their lengths, each segment once
@@ -129,15 +164,28 @@ struct ShareStats {
 struct ShareOptions {
   std::string root = "/dev/shm";  // the directory is <root>/pins-<uid>
   uint64_t wait_ms = 10000;       // how long acquire() waits for another process's fill
+  uint64_t lock_wait_ms = 1000;   // how long any call waits for the index lock (Note [Bounded index lock])
+};
+
+// Why attach() could not attach (Note [Shared pins], "When sharing fails"):
+// the message names the path and the cause; `reason` is one word for stats:
+// directory (cannot be made or opened: missing, read-only), owner (another
+// user's, open to others, not a directory), filesystem (not in RAM), space
+// (no room for the index), slots (kSlots processes attached), lock (the index
+// lock held past lock_wait_ms), platform (not Linux).
+struct AttachError : ResourceError {
+  AttachError(const char* why, const std::string& what) : ResourceError(what), reason(why) {}
+  const char* reason;
 };
 
 class HostShare {
  public:
   // Attaches to the host's index, creating the directory and the index when
-  // absent. pins::ResourceError or pins::ValueError naming the path when the
-  // directory or index is another user's or open to others, or cannot be
-  // made; pins::ResourceError when 64 processes are attached already. Linux
-  // only: elsewhere a pins::ValueError.
+  // absent. AttachError naming the path and the cause when the directory or
+  // index is another user's or open to others, cannot be made, is not on a
+  // filesystem in RAM, or has no room; when 256 processes are attached
+  // already; when the index lock stays held past lock_wait_ms; on any system
+  // but Linux. pins::ValueError for an empty root.
   static std::shared_ptr<HostShare> attach(const ShareOptions& options);
   ~HostShare();  // detach()
   HostShare(const HostShare&) = delete;
@@ -149,8 +197,12 @@ class HostShare {
   Grant acquire(const Key& key);
   // A Write grant's segment holds its bytes: Ready for every process. False
   // when its entry was dropped meanwhile (a peer found it torn): the mapping
-  // stays this process's, released as any other.
+  // stays this process's, released as any other; false too when the index
+  // lock was not had in time, the publish then made at the next take.
   bool publish(const Grant& grant);
+  // A Write grant whose fill is not the key's bytes (the file changed during
+  // it): its entry goes, never Ready; the mapping stays this process's.
+  void withdraw(const Grant& grant);
   // Unmaps a grant's mapping and drops its lease: the last lease of an entry
   // (or a Write grant never published) frees the entry and unlinks its
   // segment. Call it once no copy reads the mapping.

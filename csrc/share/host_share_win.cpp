@@ -1,6 +1,7 @@
 // Note [Shared pins] (host_share.h) is Linux-only: its liveness rests on OFD
-// locks and its segments on /dev/shm. On Windows `share:true` is refused at
-// the first use of pins, and every pin stays the process's own.
+// locks and its segments on /dev/shm. On Windows attach() fails (reason
+// "platform"): with `share:true` the process pins privately and says so once,
+// as when sharing fails on Linux.
 #include "csrc/share/host_share.h"
 
 #include "csrc/base/check.h"
@@ -21,11 +22,12 @@ HostShare::HostShare(std::unique_ptr<Impl> impl, std::string dir) : impl_(std::m
 HostShare::~HostShare() = default;
 
 std::shared_ptr<HostShare> HostShare::attach(const ShareOptions&) {
-  throw ValueError("share: PINS_CONF key 'share' is supported on Linux only; got share:true on Windows");
+  throw AttachError("platform", "share: PINS_CONF key 'share' is supported on Linux only; got share:true on Windows");
 }
 
 Grant HostShare::acquire(const Key&) { return {}; }
 bool HostShare::publish(const Grant&) { return false; }
+void HostShare::withdraw(const Grant&) {}
 void HostShare::release(uint32_t, uint64_t, void*, uint64_t) {}
 void HostShare::detach() {}
 ShareStats HostShare::stats() { return {}; }

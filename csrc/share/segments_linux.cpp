@@ -2,17 +2,56 @@
 // and generation: mapped, and removed once no valid entry names them.
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <vector>
 
 #include "csrc/share/index_linux.h"
+#include "csrc/share/share_testing.h"
 
 namespace pins::share {
+namespace {
+
+std::atomic<int (*)(int, off_t)> g_reserve{nullptr};
+
+}  // namespace
+
+void testing::set_reserve(int (*reserve)(int fd, off_t length)) { g_reserve.store(reserve); }
+
+int reserve_file(int fd, off_t length) {
+  if (int (*seam)(int, off_t) = g_reserve.load()) return seam(fd, length);
+  return posix_fallocate(fd, 0, length);
+}
+
+bool in_ram(int fd, std::string* type) {
+  struct statfs fs {};
+  if (fstatfs(fd, &fs) != 0) {
+    *type = "an unknown filesystem (" + errno_text(errno) + ")";
+    return false;
+  }
+  const auto magic = static_cast<unsigned long>(fs.f_type);
+  if (magic == TMPFS_MAGIC || magic == RAMFS_MAGIC) return true;
+  switch (magic) {
+    case EXT4_SUPER_MAGIC: *type = "ext2/3/4"; break;
+    case BTRFS_SUPER_MAGIC: *type = "btrfs"; break;
+    case XFS_SUPER_MAGIC: *type = "xfs"; break;
+    case OVERLAYFS_SUPER_MAGIC: *type = "overlayfs"; break;
+    case NFS_SUPER_MAGIC: *type = "nfs"; break;
+    default: {
+      char hex[32];
+      std::snprintf(hex, sizeof hex, "0x%lx", magic);
+      *type = std::string("a filesystem of type ") + hex;
+    }
+  }
+  return false;
+}
 
 void HostShare::Impl::sweep_files() {
   const int d = dup(dir_fd);

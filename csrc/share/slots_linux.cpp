@@ -28,7 +28,7 @@ void HostShare::Impl::drop_torn(uint32_t i) {
 
 bool HostShare::Impl::holds(const Entry& e, uint32_t s) {
   if (e.state != kWriting && e.state != kReady) return false;
-  return (e.state == kWriting && e.writer == s) || (e.leases & (uint64_t{1} << s)) != 0;
+  return (e.state == kWriting && e.writer == s) || e.leases.has(s);
 }
 
 void HostShare::Impl::let_go(uint32_t i, uint32_t s) {
@@ -37,13 +37,12 @@ void HostShare::Impl::let_go(uint32_t i, uint32_t s) {
     drop(i);
     return;
   }
-  e.leases &= ~(uint64_t{1} << s);
-  if (e.leases == 0) drop(i);
+  e.leases.remove(s);
+  if (e.leases.none()) drop(i);
   else seal(e);
 }
 
 void HostShare::Impl::reclaim_slot(uint32_t s) {
-  const uint64_t bit = uint64_t{1} << s;
   bool tore = false;
   for (uint32_t i = 0; i < kEntries; ++i) {
     Entry& e = entry(i);
@@ -55,16 +54,16 @@ void HostShare::Impl::reclaim_slot(uint32_t s) {
     }
     if (holds(e, s)) let_go(i, s);
   }
-  header().slots_used &= ~bit;
+  header().slots_used.remove(s);
   if (tore) sweep_files();
 }
 
 bool HostShare::Impl::alive(uint32_t s) { return s == slot ? usable() : held_by_other(fd, slot_byte(s)); }
 
 void HostShare::Impl::sweep_dead() {
-  const uint64_t used = header().slots_used;
+  const Slots used = header().slots_used;
   for (uint32_t s = 0; s < kSlots; ++s) {
-    if (s == slot || !(used & (uint64_t{1} << s))) continue;
+    if (s == slot || !used.has(s)) continue;
     if (!held_by_other(fd, slot_byte(s))) {
       reclaim_slot(s);
       dead_slots.fetch_add(1, std::memory_order_relaxed);
@@ -78,6 +77,15 @@ void HostShare::Impl::drop_lease(uint32_t i, uint64_t gen) {
   Entry& e = entry(i);
   if (!entry_valid(e) || e.generation != gen || (e.state != kWriting && e.state != kReady)) return;
   let_go(i, slot);
+}
+
+bool HostShare::Impl::publish(uint32_t i, uint64_t gen) {
+  if (i >= kEntries) return false;
+  Entry& e = entry(i);
+  if (!entry_valid(e) || e.generation != gen || e.state != kWriting || e.writer != slot) return false;
+  e.state = kReady;
+  seal(e);
+  return true;
 }
 
 uint32_t HostShare::Impl::find(const Key& k, bool& found) {

@@ -7,6 +7,9 @@
   demo       what ``make demo`` runs: a workflow replayed through pins on real
              safetensors files (profiling/demo/demo.py of the checkout this
              package sits in; arguments go to it)
+  share      the shared pins' directory of this user (docs/USAGE.md "One
+             pinned copy per host"): its files and bytes; with --clean, what
+             processes that died left there goes (RAM in tmpfs)
 
 Exit status: 0 when the command ran (simulate and demo: the tools' own status),
 2 for a usage error or a tool that is not available here, with a message that
@@ -126,6 +129,71 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, script, *demo_args], env=env)
 
 
+def _share_files(path: str) -> Tuple[int, int, bool]:
+    """(segment files, their bytes in RAM, whether the index is there) of a share directory."""
+    segments = size = 0
+    index = False
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return 0, 0, False
+    for e in entries:
+        if e.name == "index":
+            index = True
+        elif e.name.startswith("seg-"):
+            segments += 1
+            try:
+                size += e.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                pass
+    return segments, size, index
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+# A process that attaches to the share and leaves it as any user of pins does:
+# the attach reclaims the slots of dead processes (their leases and unfinished
+# fills) and removes every file no entry names; the exit detaches, and the last
+# process out removes every file and the directory.
+_CLEAN = r"""
+import json, torch_pins as pins
+print(json.dumps({k: v for k, v in pins.stats().items() if k.startswith("share_")}), flush=True)
+"""
+
+
+def cmd_share(args: argparse.Namespace) -> int:
+    root = args.share_dir
+    path = os.path.join(root, f"pins-{os.geteuid()}")
+    segments, size, index = _share_files(path)
+    here = "absent" if not os.path.isdir(path) else (
+        f"{segments} segment files, {_mib(size)} of RAM, {'an index' if index else 'no index'}")
+    print(f"share directory {path}: {here}")
+    if not args.clean:
+        return 0
+    if not os.path.isdir(path):
+        return 0
+    env = dict(os.environ, PINS_CONF=f"share:true,share_dir:{root},monitor:false,prewarm:false")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", _CLEAN], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        print(f"torch_pins share --clean: the cleaning process failed:\n{out.stderr}", file=sys.stderr)
+        return 1
+    seen = json.loads(out.stdout.splitlines()[0])
+    if not seen.get("share_state"):
+        reason = next((k.split(".", 1)[1] for k in seen if k.startswith("share_state.")), "unknown")
+        print(f"torch_pins share --clean: cannot attach to {path} ({reason}): {out.stderr.strip()}", file=sys.stderr)
+        return 1
+    after, after_size, after_index = _share_files(path)
+    live = seen.get("share_processes", 1) - 1  # the cleaning process itself was one
+    print(f"cleaned: {segments - after} segment files ({_mib(max(size - after_size, 0))}) removed, "
+          f"{seen.get('share_dead_slots', 0)} dead processes' slots reclaimed; "
+          + (f"{live} live processes keep {after} files ({_mib(after_size)})" if os.path.isdir(path)
+             else "no live process: the directory is gone"))
+    return 0
+
+
 # The commands whose arguments all go to another tool: run, the argument list's
 # name, its usage word, help and description.
 PASSTHROUGH = {
@@ -158,6 +226,16 @@ def parser() -> argparse.ArgumentParser:
     stats.add_argument("--url", metavar="URL", help="read a running ComfyUI's pins instead (its /pins/stats route, "
                                                      "served by the pins node), e.g. http://127.0.0.1:8188")
     stats.set_defaults(run=cmd_stats)
+    share = sub.add_parser("share", help="the shared pins' directory of this user; --clean: what dead processes left",
+                           description="Prints the files and bytes of this user's shared pins directory "
+                                       "(<share_dir>/pins-<uid>, docs/USAGE.md). With --clean, a process attaches "
+                                       "to it and exits as any user of pins does: the segments and slots of "
+                                       "processes that died (kill -9, os._exit) go, and with no live process left "
+                                       "the directory goes too. Live processes' pins are kept.")
+    share.add_argument("--share-dir", default="/dev/shm", metavar="DIR",
+                       help="the share_dir of the processes (PINS_CONF share_dir; default /dev/shm)")
+    share.add_argument("--clean", action="store_true", help="remove what processes that died left there")
+    share.set_defaults(run=cmd_share)
     for name, (run, dest, usage, help_text, description) in PASSTHROUGH.items():
         cmd = sub.add_parser(name, help=help_text, description=description,
                              usage=f"python -m torch_pins {name} [-h] [--] {usage}...")

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
+#include <memory>
 
 #include "csrc/base/size.h"
+#include "csrc/pool/backend.h"
 #include "csrc/pool/fence.h"
 #include "csrc/pool/options.h"
 
@@ -19,6 +22,33 @@ class FakeFence : public Fence {
 
  private:
   std::atomic<bool>* flag_;
+};
+
+// Note [Refused page-locks]: a backend that refuses to page-lock a range of more
+// than `max_lock` bytes, as cudaHostRegister does for large ranges on WSL2, and
+// takes a smaller one without touching the OS (counting its calls); memory
+// itself is `inner`'s.
+class LockLimitBackend final : public HostBackend {
+ public:
+  LockLimitBackend(std::unique_ptr<HostBackend> inner, size_t max_lock) : max_(max_lock), inner_(std::move(inner)) {}
+  const char* name() const override { return "lock-limit"; }
+  size_t page_size() const override { return inner_->page_size(); }
+  bool can_lock() const override { return true; }
+  bool holds_bytes() const override { return inner_->holds_bytes(); }
+  int reserve(size_t size, void** p) override { return inner_->reserve(size, p); }
+  int release(void* p, size_t size) override { return inner_->release(p, size); }
+  int commit(void* p, size_t size) override { return inner_->commit(p, size); }
+  int decommit(void* p, size_t size) override { return inner_->decommit(p, size); }
+  int lock(void*, size_t size) override {
+    locks++;
+    return size > max_.load() ? ENOMEM : 0;
+  }
+  int unlock(void*, size_t) override { return 0; }
+  std::atomic<size_t> max_;
+  std::atomic<int> locks{0};
+
+ private:
+  std::unique_ptr<HostBackend> inner_;
 };
 
 // 1 GiB segments, and no idle memory kept committed: whatever stays committed,

@@ -1407,15 +1407,20 @@ TEST(HostPoolPrewarm, ALockedRequestLocksOnlyItsCut) {
   EXPECT_EQ(be.locks[0], std::make_pair(addr(p), size_t{6 * MiB}));
   EXPECT_TRUE(pool.is_locked(p));
   EXPECT_EQ(st.prewarmed_bytes.current, static_cast<int64_t>(10 * MiB));
-  // A lock the OS refuses: nothing handed out, the cut stays committed and idle.
+  // A lock the OS refuses (Note [Refused page-locks]): the cut is served
+  // unlocked, out of the prewarmed memory, with nothing new committed.
   be.refuse_locks = true;
-  EXPECT_EQ(pool.try_allocate(4 * MiB, /*lock=*/true), nullptr);
+  void* q = pool.try_allocate(4 * MiB, /*lock=*/true);
+  ASSERT_NE(q, nullptr);
+  EXPECT_FALSE(pool.is_locked(q));
   st = pool.stats();
   EXPECT_EQ(st.lock_failures, 1);
-  EXPECT_EQ(st.refusals, 1);
+  EXPECT_EQ(st.refusals, 0);
   EXPECT_EQ(st.committed_bytes.current, static_cast<int64_t>(16 * MiB));
-  EXPECT_EQ(pool.idle_bytes(), 10 * MiB);
+  EXPECT_EQ(st.locked_bytes.current, static_cast<int64_t>(6 * MiB));
+  EXPECT_EQ(pool.idle_bytes(), 6 * MiB);
   be.refuse_locks = false;
+  pool.free(q);
   pool.free(p);
 }
 
@@ -1937,6 +1942,53 @@ TEST(HostPoolAdopt, CudaBackendRegistersASharedMapping) {
   EXPECT_EQ(pool.stats().unregistrations, 1);
   EXPECT_EQ(pool.stats().lock_failures, 0) << "cudaHostUnregister refused";
   EXPECT_EQ(m.unmaps, 1);
+}
+
+// ------------------------------------------------------------------ refused page-locks
+
+// Note [Refused page-locks]: a backend that refuses to lock more than 4 MiB at
+// once (cudaHostRegister on WSL2 past about 500 MB) still gets every request
+// served: the large ones from unlocked memory, counted, with one warning.
+TEST(HostPoolRefusedLocks, ALargeRequestIsServedUnlockedCountedAndWarnedOnce) {
+  auto backend = std::make_unique<testing::LockLimitBackend>(make_cpu_backend(/*use_mlock=*/false), 4 * MiB);
+  testing::LockLimitBackend& be = *backend;
+  CheckedPool pool(std::move(backend), opts(1 * MiB, 0, 0));
+  ::testing::internal::CaptureStderr();
+  void* big = pool.try_allocate(6 * MiB, /*lock=*/true);
+  void* bigger = pool.try_allocate(8 * MiB, /*lock=*/true);
+  void* small = pool.try_allocate(64 * KiB, /*lock=*/true);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_NE(big, nullptr) << "refused: a request that asked for a lock the backend cannot give";
+  ASSERT_NE(bigger, nullptr);
+  ASSERT_NE(small, nullptr);
+  EXPECT_FALSE(pool.is_locked(big));
+  EXPECT_FALSE(pool.is_locked(bigger));
+  EXPECT_TRUE(pool.is_locked(small)) << "a lock the backend gives is taken";
+  std::memset(big, 0x5a, 6 * MiB);  // committed memory: usable
+  std::memset(bigger, 0x5b, 8 * MiB);
+  const PoolStats s = pool.stats();
+  EXPECT_EQ(s.lock_failures, 2);
+  EXPECT_EQ(s.refusals, 0);
+  EXPECT_EQ(s.registrations, 1);
+  EXPECT_EQ(s.locked_bytes.current, static_cast<int64_t>(1 * MiB));
+  EXPECT_EQ(s.committed_bytes.current, static_cast<int64_t>(15 * MiB));
+  EXPECT_EQ(be.locks, 3);
+  size_t lines = 0;
+  for (size_t at = err.find("pins: warning: "); at != std::string::npos; at = err.find("pins: warning: ", at + 1))
+    lines++;
+  EXPECT_EQ(lines, 1u) << err;
+  EXPECT_NE(err.find("refused to page-lock 6291456 bytes"), std::string::npos) << err;
+  EXPECT_NE(err.find("lock_failures"), std::string::npos) << err;
+  // An unlocked extent serves a request that asks for no lock, and goes back
+  // to the OS like any other.
+  pool.free(big);
+  void* plain = pool.try_allocate(2 * MiB, /*lock=*/false);
+  EXPECT_EQ(addr(plain), addr(big)) << "the idle unlocked extent was reused";
+  pool.free(plain);
+  pool.free(bigger);
+  pool.free(small);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().committed_bytes.current, 0);
 }
 
 }  // namespace

@@ -4,13 +4,21 @@
 // against the file's pattern. Now and then it frees pins (an eviction: leases
 // dropped, segments unlinked). Writes one byte to fd 3 after each pass; exits
 // 2 at the first wrong byte, 0 when SIGTERM asks it to stop, after a line
-// "stats JOINS FILLS DEAD_SLOTS TORN" on fd 3.
+// "stats JOINS FILLS DEAD_SLOTS TORN LOCK_TIMEOUTS SHARED" on fd 3.
+// After SIGUSR1 it stops itself (SIGSTOP) the next time it takes the index
+// lock, holding it (Note [Bounded index lock]); after SIGUSR2 it frees every
+// pin before its next pass, so that pass needs the index for every layer. With PINS_CHAOS_FULL set, the
+// reservation of the index's and the segments' pages fails (ENOSPC) while a
+// file of that name exists: a full tmpfs, where the test cannot mount one.
 //
 //   chaos_worker FILE SHARE_ROOT LAYERS LAYER_BYTES SEED
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,12 +28,29 @@
 
 #include "csrc/files/mapped.h"
 #include "csrc/runtime/runtime.h"
+#include "csrc/share/share_testing.h"
 #include "tests/csrc/share/chaos_pattern.h"
 
 namespace {
 
 std::atomic<bool> g_stop{false};
 void on_term(int) { g_stop.store(true); }
+
+std::atomic<bool> g_freeze{false};
+void on_usr1(int) { g_freeze.store(true); }
+std::atomic<bool> g_drop{false};
+void on_usr2(int) { g_drop.store(true); }
+void stop_holding_the_lock() {
+  if (g_freeze.exchange(false)) raise(SIGSTOP);
+}
+
+const char* g_full = nullptr;
+int reserve_unless_full(int fd, off_t length) {
+  struct stat st {};  // as on a full tmpfs: a file whose pages are all there needs none
+  if (g_full != nullptr && access(g_full, F_OK) == 0 && !(fstat(fd, &st) == 0 && st.st_blocks * 512 >= length))
+    return ENOSPC;
+  return posix_fallocate(fd, 0, length);
+}
 
 }  // namespace
 
@@ -43,6 +68,17 @@ int main(int argc, char** argv) {
     return 64;
   }
   signal(SIGTERM, on_term);
+  signal(SIGUSR1, on_usr1);
+  signal(SIGUSR2, on_usr2);
+  sigset_t usr;  // blocked by the driver until now
+  sigemptyset(&usr);
+  sigaddset(&usr, SIGUSR1);
+  sigaddset(&usr, SIGUSR2);
+  sigaddset(&usr, SIGTERM);
+  sigprocmask(SIG_UNBLOCK, &usr, nullptr);
+  share::testing::set_on_locked(stop_holding_the_lock);
+  g_full = std::getenv("PINS_CHAOS_FULL");
+  if (g_full != nullptr) share::testing::set_reserve(reserve_unless_full);
   const std::string path = argv[1];
   const uint64_t layers = std::strtoull(argv[3], nullptr, 10);
   const uint64_t n = std::strtoull(argv[4], nullptr, 10);
@@ -65,6 +101,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> order(layers);
   for (uint64_t i = 0; i < layers; ++i) order[i] = i;
   while (!g_stop.load()) {
+    if (g_drop.exchange(false)) bal.free(layers * n, /*evict_active=*/true);  // every layer a miss again
     std::shuffle(order.begin(), order.end(), rng);
     for (const uint64_t layer : order) {
       const char* src = file->data() + layer * n;
@@ -90,12 +127,17 @@ int main(int argc, char** argv) {
     }
     if (rng() % 3 == 0) bal.free(static_cast<size_t>(rng() % (layers * n)), /*evict_active=*/true);
     const char tick = 'p';
-    if (write(3, &tick, 1) != 1) break;  // the driver is gone
+    ssize_t wrote = 0;
+    while ((wrote = write(3, &tick, 1)) < 0 && errno == EINTR) {
+    }
+    if (wrote != 1) break;  // the driver is gone
   }
   // What it shared, for the driver: joins and fills (a line after the ticks).
-  const share::ShareStats s = rt.share()->stats();
+  // A worker that could not attach (a full tmpfs) pinned privately.
+  const share::ShareStats s = rt.share() != nullptr ? rt.share()->stats() : share::ShareStats{};
   const std::string line = "\nstats " + std::to_string(s.joins) + " " + std::to_string(s.fills) + " " +
-                           std::to_string(s.dead_slots) + " " + std::to_string(s.torn) + "\n";
+                           std::to_string(s.dead_slots) + " " + std::to_string(s.torn) + " " +
+                           std::to_string(s.lock_timeouts) + " " + std::to_string(rt.share() != nullptr) + "\n";
   (void)!write(3, line.data(), line.size());
   return 0;
 }

@@ -1,14 +1,22 @@
 // Note [Shared pins], crash safety: four workers (chaos_worker.cpp) cast every
 // layer of one file through shared pins and check every byte, while this
 // driver SIGKILLs a random one at random moments (mid-fill, mid-eviction,
-// mid-update of the index) and starts another. No wrong byte, no worker stuck,
+// mid-update of the index) and starts another. Now and then it freezes one
+// while it holds the index lock (SIGSTOP, Note [Bounded index lock]) until
+// every other worker made a pass, and for a stretch it fills the tmpfs (a
+// tmpfs of the test's own when it may mount one, else the workers' reservation
+// seam), then restarts every worker on it: they cannot make the index and pin
+// privately. No wrong byte, no worker stuck or dead of a signal (a SIGBUS),
 // and once the last worker exits no file is left.
 //
-// PINS_CHAOS_SEED replays a run; PINS_CHAOS_KILLS sets how many kills (200).
+// PINS_CHAOS_SEED replays a run; PINS_CHAOS_KILLS sets how many kills (200);
+// PINS_CHAOS_NO_MOUNT=1 fills the tmpfs through the seam even where it may mount.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +26,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -68,16 +77,74 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
                      "/pins-chaos-root-XXXXXX";
   ASSERT_NE(mkdtemp(root.data()), nullptr);
   const std::string dir = root + "/pins-" + std::to_string(geteuid());
+  // A tmpfs of its own to fill (64 MiB: the index, every layer's segment and
+  // room to spare), where the test may mount one; else the workers' seam.
+  const bool mounted = env_or("PINS_CHAOS_NO_MOUNT", 0) == 0 &&
+                       mount("tmpfs", root.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0700") == 0;
+  const std::string full_flag = root + "-full";
+  // Also when an assertion ends the test early: no worker, mount or file is
+  // left (in /dev/shm or /tmp).
+  struct Leftovers {
+    std::string root, full_flag, file;
+    bool mounted;
+    std::vector<Worker>* workers = nullptr;
+    ~Leftovers() {
+      for (size_t i = 0; workers != nullptr && i < workers->size(); ++i) {
+        const pid_t pid = (*workers)[i].pid;
+        int status = 0;
+        if (pid > 0 && waitpid(pid, &status, WNOHANG) == 0) {  // a child not reaped yet
+          kill(pid, SIGKILL);
+          waitpid(pid, &status, 0);
+        }
+      }
+      if (mounted) umount2(root.c_str(), MNT_DETACH);
+      std::error_code ec;
+      fs::remove_all(root, ec);
+      fs::remove(full_flag, ec);
+      fs::remove(file, ec);
+    }
+  } leftovers{root, full_flag, file, mounted};
+  std::printf("ShareChaos: the tmpfs is filled %s\n", mounted ? "for real (a tmpfs of its own)"
+                                                               : "through the reservation seam (no mount allowed)");
+  int fillers = 0;
+  const auto fill_tmpfs = [&] {
+    if (!mounted) {
+      std::fclose(std::fopen(full_flag.c_str(), "w"));
+      return;
+    }
+    // 64 KiB at a time until none is left (the workers allocate meanwhile):
+    // less room than a segment or the index needs.
+    const int f = ::open((root + "/filler" + std::to_string(fillers++)).c_str(), O_CREAT | O_WRONLY, 0600);
+    ASSERT_GE(f, 0);
+    for (off_t at = 0; posix_fallocate(f, at, 64 * 1024) == 0; at += 64 * 1024) {
+    }
+    close(f);
+  };
+  const auto empty_tmpfs = [&] {
+    fs::remove(full_flag);
+    while (fillers > 0) fs::remove(root + "/filler" + std::to_string(--fillers));
+  };
 
   const auto spawn = [&](Worker& w) {
     int p[2];
     ASSERT_EQ(pipe(p), 0);
     const std::string wseed = std::to_string(rng());
+    // SIGUSR1, SIGUSR2 and SIGTERM held from the fork until the worker has
+    // its handlers: their default would end it (a worker stopped just after
+    // its start died of SIGTERM, an odd exit).
+    sigset_t usr, was;
+    sigemptyset(&usr);
+    sigaddset(&usr, SIGUSR1);
+    sigaddset(&usr, SIGUSR2);
+    sigaddset(&usr, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &usr, &was);
     const pid_t pid = fork();
+    if (pid != 0) pthread_sigmask(SIG_SETMASK, &was, nullptr);
     if (pid == 0) {
       dup2(p[1], 3);
       if (p[0] != 3) close(p[0]);
       if (p[1] != 3) close(p[1]);
+      if (!mounted) setenv("PINS_CHAOS_FULL", full_flag.c_str(), 1);
       execl(PINS_CHAOS_WORKER, PINS_CHAOS_WORKER, file.c_str(), root.c_str(), std::to_string(kLayers).c_str(),
             std::to_string(kLayerBytes).c_str(), wseed.c_str(), static_cast<char*>(nullptr));
       _exit(127);
@@ -85,10 +152,12 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
     close(p[1]);
     fcntl(p[0], F_SETFL, O_NONBLOCK);
     w.pid = pid;
+    w.tail.clear();  // what its predecessor wrote after its ticks
     w.progress = p[0];
     w.last = Clock::now();
   };
   uint64_t passes = 0, kills = 0, wrong = 0, odd_exits = 0;
+  std::vector<Worker*> workers_of;
   const auto drain = [&](Worker& w) {
     char buf[256];
     for (ssize_t got; (got = read(w.progress, buf, sizeof buf)) > 0;) {
@@ -105,11 +174,49 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
   };
   const auto account = [&](int status) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 2) wrong++;
-    else if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) odd_exits++;
+    else if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
+      odd_exits++;
+      std::printf("ShareChaos: a worker %s %d\n", WIFEXITED(status) ? "exited with status" : "died of signal",
+                  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    }
+  };
+
+  // Waits up to `limit` until every worker but `but` made `need` passes since now.
+  const auto others_pass = [&](const Worker* but, std::chrono::seconds limit, uint64_t need = 1) {
+    std::vector<uint64_t> since(workers_of.size());
+    for (size_t i = 0; i < workers_of.size(); ++i) since[i] = workers_of[i]->passes;
+    const auto by = Clock::now() + limit;
+    for (;;) {
+      bool all = true;
+      for (size_t i = 0; i < workers_of.size(); ++i) {
+        drain(*workers_of[i]);
+        all = all && (workers_of[i] == but || workers_of[i]->passes >= since[i] + need);
+      }
+      if (all) return true;
+      if (Clock::now() >= by) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
+  const auto stop_cleanly = [&](Worker& w) {
+    kill(w.pid, SIGTERM);
+    int status = 0;
+    waitpid(w.pid, &status, 0);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) account(status);
+    drain(w);
+    close(w.progress);
   };
 
   std::vector<Worker> workers(4);
-  for (Worker& w : workers) spawn(w);
+  leftovers.workers = &workers;
+  for (Worker& w : workers) {
+    spawn(w);
+    workers_of.push_back(&w);
+  }
+  // Freezes spread over the kills, and the tmpfs full from a third of them to
+  // a half, with every worker restarted on it at the half.
+  const uint64_t freezes = std::max<uint64_t>(2, target_kills / 25);
+  uint64_t frozen = 0, held = 0, full_restarts = 0;
+  const uint64_t fill_at = target_kills / 3, restart_at = target_kills / 2;
   const auto deadline = Clock::now() + std::chrono::seconds(240);
   while (kills < target_kills && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 25000));
@@ -118,7 +225,44 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
       ASSERT_LT(Clock::now() - w.last, std::chrono::seconds(30))
           << "worker " << w.pid << " made no progress for 30 s: stuck (seed " << seed << ")";
     }
+    if (kills == fill_at && full_restarts == 0) fill_tmpfs();
+    if (kills == restart_at && full_restarts == 0) {
+      // Every worker out and in again while the tmpfs is full: the last one
+      // out removes the share; the new ones cannot make the index.
+      for (Worker& w : workers) stop_cleanly(w);
+      EXPECT_FALSE(fs::exists(dir + "/index")) << "the last worker out left the index (seed " << seed << ")";
+      fill_tmpfs();  // again: the segments that went freed their room
+      for (Worker& w : workers) spawn(w);
+      EXPECT_TRUE(others_pass(nullptr, std::chrono::seconds(30)))
+          << "workers started on a full tmpfs made no pass (seed " << seed << ")";
+      EXPECT_FALSE(fs::exists(dir + "/index")) << "an index was made on a full tmpfs (seed " << seed << ")";
+      empty_tmpfs();
+      full_restarts++;
+      continue;
+    }
     Worker& w = workers[rng() % workers.size()];
+    if (frozen < freezes && kills >= (frozen + 1) * target_kills / (freezes + 1)) {
+      // Frozen while it holds the index lock: every other worker goes on.
+      frozen++;
+      kill(w.pid, SIGUSR1);
+      int status = 0;
+      pid_t got = 0;
+      const auto stop_by = Clock::now() + std::chrono::seconds(5);
+      while ((got = waitpid(w.pid, &status, WNOHANG | WUNTRACED)) == 0 && Clock::now() < stop_by)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (got == w.pid && WIFSTOPPED(status)) {
+        held++;
+        // The others drop their pins: their next whole pass misses every layer.
+        for (Worker& o : workers)
+          if (&o != &w) kill(o.pid, SIGUSR2);
+        EXPECT_TRUE(others_pass(&w, std::chrono::seconds(15), 2))
+            << "worker " << w.pid << " stopped holding the index lock, and the others made no pass in 15 s (seed "
+            << seed << ")";
+        kill(w.pid, SIGCONT);
+        continue;
+      }
+      // It took no lock in 5 s (it pins privately): killed below, as any other.
+    }
     kill(w.pid, SIGKILL);
     int status = 0;
     waitpid(w.pid, &status, 0);
@@ -128,6 +272,11 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
     kills++;
     spawn(w);
   }
+  EXPECT_GT(held, 0u) << "no worker stopped holding the index lock (seed " << seed << ")";
+  std::printf("ShareChaos: %llu of %llu freezes stopped a worker holding the index lock, %llu restarts on a full "
+              "tmpfs\n", static_cast<unsigned long long>(held), static_cast<unsigned long long>(frozen),
+              static_cast<unsigned long long>(full_restarts));
+  EXPECT_EQ(full_restarts, 1u);
   // A last stretch without kills, until every worker (survivors and new ones)
   // finished a pass of its own since: none is stuck on what the kills left.
   std::vector<uint64_t> at(workers.size());
@@ -166,8 +315,8 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
     }
     drain(w);
     close(w.progress);
-    unsigned long long j = 0, f = 0, d = 0, t = 0;
-    if (std::sscanf(w.tail.c_str(), " stats %llu %llu %llu %llu", &j, &f, &d, &t) == 4) {
+    unsigned long long j = 0, f = 0, d = 0, t = 0, lt = 0, sh = 0;
+    if (std::sscanf(w.tail.c_str(), " stats %llu %llu %llu %llu %llu %llu", &j, &f, &d, &t, &lt, &sh) == 6) {
       joins += j;
       fills += f;
       dead_slots += d;
@@ -187,8 +336,6 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
   EXPECT_EQ(odd_exits, 0u) << "a worker died of something other than the kills (seed " << seed << ")";
   EXPECT_EQ(clean, workers.size());
   EXPECT_FALSE(fs::exists(dir)) << "the last worker out left " << dir;
-  fs::remove_all(root);
-  fs::remove(file);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -24,6 +25,8 @@
 #include <vector>
 
 #include "csrc/base/check.h"
+#include "csrc/share/index_linux.h"
+#include "csrc/share/share_testing.h"
 
 namespace pins::share {
 namespace {
@@ -496,6 +499,215 @@ TEST_F(HostShareTest, DirectoryOfAnotherUserIsRefused) {
   } catch (const ResourceError& e) {
     EXPECT_NE(std::string(e.what()).find("belongs to uid 65534"), std::string::npos) << e.what();
   }
+}
+
+// ---- when sharing fails (Note [Shared pins], "When sharing fails")
+
+struct Refused {
+  std::string reason = "attached", message;
+};
+Refused try_attach(const ShareOptions& o) {
+  Refused r;
+  try {
+    HostShare::attach(o);
+  } catch (const AttachError& e) {
+    r.reason = e.reason;
+    r.message = e.what();
+  }
+  return r;
+}
+
+// A full tmpfs: a file whose pages are all reserved already needs nothing more.
+int no_space(int fd, off_t length) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 && st.st_blocks * 512 >= length ? 0 : ENOSPC;
+}
+
+TEST_F(HostShareTest, AFullTmpfsRefusesTheIndexAndLeavesNothing) {
+  testing::set_reserve(no_space);
+  const Refused r = try_attach(opts_);
+  testing::set_reserve(nullptr);
+  EXPECT_EQ(r.reason, "space") << r.message;
+  EXPECT_NE(r.message.find(dir_ + "/index"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("is full"), std::string::npos) << r.message;
+  EXPECT_FALSE(fs::exists(dir_)) << "the index, and the directory made for it, stay";
+  // A process attached before: its index's pages are reserved, its next
+  // segment is refused (the pin is made privately), not a signal.
+  auto a = HostShare::attach(opts_);
+  testing::set_reserve(no_space);
+  auto b = HostShare::attach(opts_);
+  EXPECT_EQ(b->acquire(key(0)).kind, Grant::Kind::None);
+  testing::set_reserve(nullptr);
+  EXPECT_EQ(b->stats().refused, 1u);
+  EXPECT_TRUE(segments().empty());
+  const Grant g = b->acquire(key(0));
+  EXPECT_EQ(g.kind, Grant::Kind::Write) << "room again";
+  release(*b, g);
+}
+
+TEST_F(HostShareTest, TheSlotTableHoldsTwoHundredFiftySixProcesses) {
+  std::vector<std::shared_ptr<HostShare>> all;
+  for (uint32_t i = 0; i < kSlots; ++i) all.push_back(HostShare::attach(opts_));
+  EXPECT_EQ(all.back()->stats().processes, kSlots);
+  const Refused r = try_attach(opts_);
+  EXPECT_EQ(r.reason, "slots") << r.message;
+  EXPECT_NE(r.message.find("256 processes share"), std::string::npos) << r.message;
+  all.pop_back();  // a slot free again
+  EXPECT_EQ(try_attach(opts_).reason, "attached");
+}
+
+TEST_F(HostShareTest, AShareDirNotInRamIsRefusedBeforeAnythingIsMade) {
+  std::string disk = fs::current_path().string() + "/pins-share-disk-XXXXXX";
+  ASSERT_NE(mkdtemp(disk.data()), nullptr);
+  ShareOptions o = opts_;
+  o.root = disk;
+  const Refused r = try_attach(o);
+  const bool in_ram = r.reason == "attached";
+  fs::remove_all(disk);
+  if (in_ram) GTEST_SKIP() << fs::current_path() << " is in RAM here: no disk to try";
+  EXPECT_EQ(r.reason, "filesystem") << r.message;
+  EXPECT_NE(r.message.find("set share_dir to a tmpfs"), std::string::npos) << r.message;
+}
+
+// Note [Bounded index lock]: the lock held by a description that never lets
+// go (a peer stopped while it holds it).
+class HeldIndexLock {
+ public:
+  explicit HeldIndexLock(const std::string& index) : fd_(::open(index.c_str(), O_RDWR)) {
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_len = 1;
+    held_ = fd_ >= 0 && fcntl(fd_, F_OFD_SETLK, &fl) == 0;
+  }
+  ~HeldIndexLock() { ::close(fd_); }  // the kernel drops the lock with its description
+  bool held() const { return held_; }
+
+ private:
+  int fd_;
+  bool held_ = false;
+};
+
+double seconds_of(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST_F(HostShareTest, AStoppedLockHolderCostsOneBoundThenUpdatesWaitForTheNextTake) {
+  ShareOptions quick = opts_;
+  quick.lock_wait_ms = 200;
+  auto a = HostShare::attach(quick);
+  auto b = HostShare::attach(quick);
+  const Grant w = a->acquire(key(0));
+  ASSERT_TRUE(a->publish(w));
+  const Grant r = b->acquire(key(0));
+  ASSERT_EQ(r.kind, Grant::Kind::Ready);
+  const Grant w2 = a->acquire(key(8192));
+  ASSERT_EQ(w2.kind, Grant::Kind::Write);
+  EXPECT_EQ(a->stats().entries, 2u);
+  auto held = std::make_unique<HeldIndexLock>(dir_ + "/index");
+  ASSERT_TRUE(held->held());
+  Grant g;
+  const double first = seconds_of([&] { g = a->acquire(key(16384)); });
+  EXPECT_EQ(g.kind, Grant::Kind::None);
+  EXPECT_GE(first, 0.19);
+  EXPECT_LT(first, 2.0);
+  const double second = seconds_of([&] { g = a->acquire(key(16384)); });
+  EXPECT_EQ(g.kind, Grant::Kind::None);
+  EXPECT_LT(second, 0.1) << "after a wait ran out a take tries once";
+  EXPECT_FALSE(a->publish(w2)) << "not now: at the next take";
+  release(*b, r);  // b's lease: dropped at its next take
+  EXPECT_TRUE(holds(w, 0)) << "the mappings stay valid";
+  const ShareStats s = a->stats();
+  EXPECT_EQ(s.lock_timeouts, 4u) << "two acquires, the publish, the stats";
+  EXPECT_EQ(s.entries, 2u) << "the host's figures as last seen";
+  EXPECT_EQ(try_attach(quick).reason, "lock");
+  held.reset();  // the peer runs again
+  EXPECT_EQ(a->stats().published, 2u) << "a's next take made its pending publish";
+  const Grant joined = b->acquire(key(8192));
+  EXPECT_EQ(joined.kind, Grant::Kind::Ready);
+  release(*b, joined);
+  release(*a, w2);
+  release(*a, w);
+  EXPECT_TRUE(segments().empty()) << "every pending release was made";
+}
+
+TEST_F(HostShareTest, ADetachPastTheBoundClosesTheIndexAndThePeersReclaimTheSlot) {
+  ShareOptions quick = opts_;
+  quick.lock_wait_ms = 200;
+  auto a = HostShare::attach(quick);
+  auto b = HostShare::attach(quick);
+  const Grant w = a->acquire(key(0));
+  ASSERT_TRUE(a->publish(w));
+  {
+    HeldIndexLock held(dir_ + "/index");
+    ASSERT_TRUE(held.held());
+    EXPECT_LT(seconds_of([&] { a->detach(); }), 2.0);
+  }
+  EXPECT_EQ(a->acquire(key(8192)).kind, Grant::Kind::None) << "detached";
+  EXPECT_EQ(b->stats().processes, 1u);
+  b->detach();  // sweeps a's dead slot: its entry goes, and b is the last one out
+  EXPECT_FALSE(fs::exists(dir_));
+  release(*a, w);
+}
+
+// Note [Shared pins], the threat model: processes of the same user are
+// trusted, so an entry a peer of this user wrote, checksum and all, is
+// believed; what the checks stop is a torn or garbled entry, and an entry
+// whose file is not a segment this process could map safely.
+TEST_F(HostShareTest, AnEntryIsCheckedForSenseNotForItsAuthor) {
+  auto a = HostShare::attach(opts_);
+  const Grant w = a->acquire(key(0));
+  fill(w, 'a');
+  ASSERT_TRUE(a->publish(w));
+  // A Ready entry forged by a peer of this user, checksum and all, naming a
+  // segment file it wrote: believed (it could as well write into a real segment).
+  const Key forged = key(32768);
+  const uint32_t at = static_cast<uint32_t>(key_hash(forged)) & (kEntries - 1);
+  const uint64_t gen = 77;
+  {
+    const int f = ::open((dir_ + "/" + segment_name(at, gen)).c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(f, 0);
+    const std::vector<char> bytes(8192, 'f');
+    ASSERT_EQ(::write(f, bytes.data(), bytes.size()), 8192);
+    ::close(f);
+    RawIndex raw(dir_ + "/index");
+    auto* e = reinterpret_cast<Entry*>(raw.entry(at));
+    ASSERT_EQ(e->state, kEmpty);
+    *e = Entry{};
+    e->state = kReady;
+    e->generation = gen;
+    e->key = forged;
+    e->leases.add(kSlots - 1);
+    seal(*e);
+  }
+  auto b = HostShare::attach(opts_);
+  const Grant r = b->acquire(forged);
+  ASSERT_EQ(r.kind, Grant::Kind::Ready);
+  EXPECT_TRUE(holds(r, 'f'));
+  release(*b, r);
+  // Sealed but senseless (a writer past the slots): dropped as torn.
+  {
+    RawIndex raw(dir_ + "/index");
+    auto* e = reinterpret_cast<Entry*>(raw.entry(w.entry));
+    e->writer = kSlots + 5;
+    e->state = kWriting;
+    seal(*e);
+  }
+  const Grant again = b->acquire(key(0));
+  EXPECT_EQ(again.kind, Grant::Kind::Write);
+  EXPECT_EQ(b->stats().torn, 1u);
+  release(*b, again);
+  // A Ready entry whose file is shorter than its range: not mapped (no SIGBUS).
+  const Grant w2 = b->acquire(key(8192));
+  ASSERT_TRUE(b->publish(w2));
+  ASSERT_EQ(truncate((dir_ + "/" + segment_name(w2.entry, w2.generation)).c_str(), 4096), 0);
+  auto c = HostShare::attach(opts_);
+  EXPECT_EQ(c->acquire(key(8192)).kind, Grant::Kind::None);
+  EXPECT_EQ(c->stats().errors, 1u);
+  release(*a, w);
+  release(*b, w2);
 }
 
 }  // namespace
