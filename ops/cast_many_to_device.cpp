@@ -216,7 +216,10 @@ std::vector<at::Tensor> cast_many_to_device(at::TensorList sources, c10::Device 
 TORCH_LIBRARY_FRAGMENT(pins, m) {
   m.def(
       "cast_many_to_device(Tensor[] sources, Device device, ScalarType? dtype=None, bool non_blocking=False, "
-      "int model=-1, str kind=\"weights\", bool resident=False, int? signature=None) -> Tensor[]");
+      "int model=-1, str kind=\"weights\", bool resident=False, int? signature=None) -> Tensor[]",
+      // Any strides in, results that do not depend on them: Note [Casts under
+      // inductor] in ops/cast_to_device.cpp.
+      {at::Tag::flexible_layout});
 }
 
 TORCH_LIBRARY_IMPL(pins, CompositeExplicitAutograd, m) {

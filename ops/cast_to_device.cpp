@@ -162,10 +162,25 @@ at::Tensor& cast_to_device_out(at::Tensor& out, const at::Tensor& source, c10::D
 
 }  // namespace pins::ops
 
+// Note [Casts under inductor]
+// Inductor (torch 2.13, 2.14) lowers a call of a single-output functional
+// custom op to its Tag.out overload, so that it writes into a buffer inductor
+// plans. Its generated call passes every non-tensor argument positionally and
+// then, again, those it holds as keywords; it holds the trailing defaults a
+// call left out as keywords when it normalizes the call against the schema,
+// which it does for the default layout constraint of a custom op
+// (needs_exact_strides: the inputs get eager's strides). So the lowered
+// cast_to_device.out got kind, resident and signature twice and failed. The
+// cast reads a source of any strides and its result does not depend on them:
+// flexible_layout says so, inductor then takes the call as the graph holds it
+// (the dispatcher records the arguments positionally), and the lowered call is
+// right. cast_many_to_device (no out= overload) says the same for the same
+// reason. tests/python/test_compile.py compiles every cast op with inductor.
 TORCH_LIBRARY_FRAGMENT(pins, m) {
   m.def(
       "cast_to_device(Tensor source, Device device, ScalarType? dtype=None, bool non_blocking=False, "
-      "int model=-1, str kind=\"weights\", bool resident=False, int? signature=None) -> Tensor");
+      "int model=-1, str kind=\"weights\", bool resident=False, int? signature=None) -> Tensor",
+      {at::Tag::flexible_layout});
   // An out variant (torch.Tag.out, out_variant before it): torch.compile functionalizes it.
   m.def(
       "cast_to_device.out(Tensor source, Device device, ScalarType? dtype=None, bool non_blocking=False, "

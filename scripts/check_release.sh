@@ -2,7 +2,7 @@
 # The second torch release in short form (docs/RELEASES.md): a venv with torch
 # 2.14.1 (the CUDA build from local wheels; it runs on a CPU machine), the torch
 # layer built for it (scripts/build_release.sh), then the tests of the op, the
-# fast path, the contract and the release choice under it. Writes a JUnit report
+# fast path, the contract, torch.compile (inductor) and the release choice under it. Writes a JUnit report
 # ($1); where torch 2.14.1 cannot be installed the report holds one skipped case
 # saying why, so the summary never counts it as passed.
 set -uo pipefail
@@ -26,4 +26,4 @@ fi
 bash scripts/build_release.sh "$venv/bin/python" >/dev/null || exit 1
 PYTHONPATH=python_bindings "$venv/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$report" \
   tests/python/test_releases.py tests/python/test_cast_to_device.py tests/python/test_fast_path.py \
-  tests/python/test_contract.py tests/python/test_bad_input.py
+  tests/python/test_contract.py tests/python/test_bad_input.py tests/python/test_compile.py

@@ -9,6 +9,10 @@
 # DEST    where the checkout goes, outside this tree (it must not exist yet)
 # REV     what to check out (default: SOURCE's HEAD)
 #
+# With COMFYUI_GGUF=REPO in the environment (a clone URL or a local repository
+# of city96's ComfyUI-GGUF) it also clones that custom node into
+# DEST/custom_nodes/ComfyUI-GGUF, where test_comfy.py's GGUF test finds it.
+#
 # Then it installs into the project's .venv ($PYTHON to choose another) the
 # packages that importing comfy.sd, nodes and execution needs on the CPU. Never
 # torch (the venv's is kept) nor ComfyUI's requirements.txt, which asks for
@@ -20,7 +24,7 @@
 set -euo pipefail
 
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 source_repo=$1
@@ -60,11 +64,15 @@ else
 fi
 
 "$python" -m pip install --quiet psutil safetensors scipy einops tqdm pyyaml transformers tokenizers \
-    sentencepiece av aiohttp yarl Pillow pydantic-settings trampoline
+    sentencepiece av aiohttp yarl Pillow pydantic-settings trampoline gguf
 # torchsde asks for torch (keep the venv's); comfy-kitchen is imported at module
 # level by ComfyUI 0.33. comfy-aimdo is not installed: on this CPU machine the
 # tests use tests/python/standins/comfy_aimdo (its README).
 "$python" -m pip install --quiet --no-deps torchsde comfy-kitchen
 
+if [ -n "${COMFYUI_GGUF:-}" ]; then
+    git clone --quiet "$COMFYUI_GGUF" "$dest/custom_nodes/ComfyUI-GGUF"
+    echo "ComfyUI-GGUF $(git -C "$dest/custom_nodes/ComfyUI-GGUF" rev-parse --short HEAD) in $dest/custom_nodes"
+fi
 echo "ComfyUI $(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$dest/comfyui_version.py" 2>/dev/null) in $dest"
 echo "run: COMFYUI_PATH=$dest $python -m pytest tests/python/test_comfy.py"

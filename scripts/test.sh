@@ -31,13 +31,16 @@ if [ -n "${PINS_PREBUILD_SANITIZERS:-}" ]; then
   nice -n 15 bash scripts/sanitize.sh --build-only > build/test-results/sanitize-prebuild.log 2>&1 &
   prebuild=$!
 fi
-.venv/bin/python -m pytest -q tests/python --junitxml=build/test-results/pytest.xml
+# pytest on every core, each test file whole on one worker (-n auto --dist
+# loadfile): a file's tests share their module's fixtures and processes.
+xdist="-n ${PINS_TEST_WORKERS:-auto} --dist loadfile"
+.venv/bin/python -m pytest -q $xdist tests/python --junitxml=build/test-results/pytest.xml
 pytest_rc=$?
 took "pytest"
 # The suites shared pins change (docs/DESIGN.md "Shared pins"), again with
 # share:true: every pin of a load_file tensor then lives in a shared segment.
 share_root=$(mktemp -d "$( [ -d /dev/shm ] && echo /dev/shm || echo /tmp )/pins-test-share-XXXXXX")
-PINS_CONF="share:true,share_dir:$share_root" .venv/bin/python -m pytest -q tests/python/test_load_file.py \
+PINS_CONF="share:true,share_dir:$share_root" .venv/bin/python -m pytest -q $xdist tests/python/test_load_file.py \
   tests/python/test_cast_to_device.py tests/python/test_gathered.py tests/python/test_comfy_standins.py \
   tests/python/test_reliability.py tests/python/test_contract.py tests/python/test_fast_path.py \
   tests/python/test_bad_input.py tests/python/test_subclass.py tests/python/test_opcheck.py \

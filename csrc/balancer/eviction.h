@@ -33,6 +33,7 @@
 #pragma once
 
 #include <functional>
+#include <unordered_set>
 #include <vector>
 
 #include "csrc/balancer/registry.h"
@@ -85,9 +86,10 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
 // time until it returns false. The models' by_created and by_use indexes (and
 // by_reuse under the reuse policy, by_trace at `trace`'s ranks while the trace
 // policy follows a record) must list their pins. `visit` must not
-// change the registry.
+// change the registry. The pins of the models in `spare`, when given, are left
+// out whole (Note [First-seen models]: O(1) a model, not a pin).
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
                          const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse = {},
-                         unsigned subsets = kAllSubsets);
+                         unsigned subsets = kAllSubsets, const std::unordered_set<ModelId>* spare = nullptr);
 
 }  // namespace pins

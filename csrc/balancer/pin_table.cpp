@@ -49,6 +49,7 @@ void PinTable::forget_model(ModelId id, std::vector<void*>& to_free) {
     retired_[s] += m.stats[s];
   }
   models_.erase(id);
+  trace_.forget(id);  // Note [Rule checks]
 }
 
 void PinTable::set_active(Model& m, bool active) {
@@ -251,6 +252,10 @@ void PinTable::collect(BalancerStats& out) const {
   out.busy_misses = busy_misses_;
   for (int b = 0; b < kBypassReasons; ++b) out.bypassed[b] = bypassed_[b];
   out.trace_departures = trace_.departures();
+  out.rule_first_seen_wrong = trace_.first_seen().check().wrong_verdicts();
+  out.rule_first_seen_right = trace_.first_seen().check().right_verdicts();
+  out.rule_conditioning_wrong = trace_.conditioning_check().check().wrong_verdicts();
+  out.rule_conditioning_right = trace_.conditioning_check().check().right_verdicts();
   out.trace_records = static_cast<int64_t>(trace_.records());
   out.reuse_keys = static_cast<int64_t>(reuse_.keys());
 }

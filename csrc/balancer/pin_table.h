@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "csrc/balancer/eviction.h"
@@ -99,16 +100,25 @@ struct Asker {
 // Note [First-seen models]
 // Under the trace policy, a new cache (-loaded) pin of a model that no kept
 // record accessed (a workflow's first prompt, or a one-off between runs of the
-// usual one) takes idle cache pins and patch pins but no weight pin: it gets
-// free room or is refused. Such a layer is copied once per load and nothing
-// predicts its next use, while the weight pins it would evict serve the
-// workflows the records know, which are likely to come back; refused, it is
-// copied from its source through the page cache. The model's streamed layers
-// (used every step) evict as before, and once a record knows the model (after
-// its first prompt) the order and Note [Trace bypass] decide. On suite seeds
-// 1-5, 49 -> 39 scenarios read more than the lesser of lru and mru plus a
-// layer a run (seed 6: 11 -> 9), the worst 8.0 -> 6.0 layers over
-// (docs/SIMULATOR.md, "A first-seen model's loaded layers").
+// usual one) takes no weight pin of the last prompt's workflow (the models of
+// the kept records that share a sampler with the last prompt,
+// TraceRecorder::last_workflow_models). It takes idle cache pins, patch pins
+// and the pins of any other model as the order says, gets free room, or is
+// refused and copied from its source through the page cache. Such a layer is
+// copied once per load and nothing predicts its next use, while the workflow
+// it interrupts is likely to come back. The model's streamed layers (used
+// every step) evict as before, and once a record knows the model (after its
+// first prompt) the order and Note [Trace bypass] decide; in the first prompt
+// of all, with no record, every pin stays. Since issue 39 a first-seen
+// workflow is not taken for a one-off where the evidence says otherwise: pins
+// of workflows that have not run since the last one are not spared; nothing is
+// spared when the last workflow ran once and was new itself (a detour, as
+// Qwen-Image once between SD3.5 and HiDream); and the rule has a check of its
+// own (Note [Rule checks], rule_check.h): when the new model runs again before
+// the workflow it spared, the rule stops until it is right twice. When it
+// landed (1e74997), on suite seeds 1-5, 49 -> 39 scenarios read more than the
+// lesser of lru and mru plus a layer a run; what the limits and the check
+// change: docs/SIMULATOR.md "Rules with a check of their own".
 class PinTable {
  public:
   explicit PinTable(PolicyKind policy);

@@ -82,10 +82,26 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
   // Note [Miss cost]: patch pins first (any tier for a new weight pin), then the weights.
   walk_eviction_order(models_, asker.target && !for_patch ? Reach::All : reach, policy_, trace_, rest, reuse,
                       kPatchSubsets);  // Note [Eviction walk]
-  // Note [First-seen models]: a loaded layer of a model no record knows takes no weight pin.
-  const bool first_seen = for_cache && policy_ == PolicyKind::Trace && !trace_.knows_model(asker.model);
-  if (!stopped && !for_patch && !first_seen)
-    walk_eviction_order(models_, reach, policy_, trace_, rest, reuse, kWeightSubsets);
+  if (stopped || for_patch) return;
+  // Note [First-seen models]: a loaded layer of a model no record knows takes
+  // no weight pin of the user's loop, while the rule's check trusts it (Note
+  // [Rule checks]); the check notes the prediction either way.
+  const std::unordered_set<ModelId>* spare = nullptr;
+  if (for_cache && policy_ == PolicyKind::Trace && !trace_.knows_model(asker.model)) {
+    FirstSeenCheck& check = trace_.first_seen();
+    check.note(asker.model, [&] {
+      return trace_.last_workflow_models([&](ModelId id) {
+        const Model* m = find_model(id);
+        return m == nullptr || m->in_prompt || m->active;
+      });
+    });
+    if (check.applies(asker.model)) {
+      // The first prompt of all, with no record, spares every pin it made.
+      if (trace_.records() == 0) return;
+      spare = check.spared(asker.model);
+    }
+  }
+  walk_eviction_order(models_, reach, policy_, trace_, rest, reuse, kWeightSubsets, spare);
 }
 
 // ------------------------------------------------------------------ Note [Reuse policy]

@@ -4,10 +4,24 @@
 
 namespace pins {
 
+size_t TraceRecorder::first_followed() const {
+  size_t first = 0;
+  while (first < records_.size() && records_[first].departed) ++first;
+  return first;
+}
+
+size_t TraceRecorder::context_choice(size_t first) const {
+  if (first == 0 || first == records_.size()) return first;
+  for (size_t i = first; i < records_.size(); ++i)
+    if (!records_[i].departed && records_[i].context) return i;
+  return first;
+}
+
 size_t TraceRecorder::active() const {
-  for (size_t i = 0; i < records_.size(); ++i)
-    if (!records_[i].departed) return i;
-  return records_.size();
+  const size_t first = first_followed();
+  // A rerun (first == 0), the common case, reads no check.
+  if (first == 0 || first == records_.size()) return first;
+  return context_check_.applies(kAnyModel) ? context_choice(first) : first;
 }
 
 void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
@@ -89,8 +103,33 @@ void TraceRecorder::end_prompt() {
     rec.keys = std::move(now_);
     for (uint32_t i = 0; i < rec.keys.size(); ++i) rec.pos[rec.keys[i]].push_back(i);
     for (const TraceKey& k : rec.keys) rec.models.insert(k.model);
+    for (const auto& [k, seen] : now_first_)
+      if (seen.count >= kLoopPasses) rec.samplers.insert(k.model);
+    // Note [Rule checks]: this prompt judges the rules' earlier predictions.
+    static const std::unordered_set<ModelId> kNone;
+    conditioning_check_.end_prompt(looped_ ? conditioning_ : kNone, rec.models, rec.samplers);
+    if (rec.samplers.empty()) rec.samplers = rec.models;
+    first_seen_.end_prompt(rec.models, rec.samplers);
+    // Note [Trace context]: the choice (made or not) is judged by this prompt,
+    // and the next one's is noted as this one ends.
+    if (!context_said_.empty() && context_said_ != plain_said_) {
+      const bool context_right = rec.models == context_said_, plain_right = rec.models == plain_said_;
+      if (context_right != plain_right) context_check_.judge(kAnyModel, context_right);
+    }
+    const size_t first = first_followed(), chosen = context_choice(first);
+    context_said_.clear();
+    plain_said_.clear();
+    if (chosen != first && first > 0) {
+      context_said_ = records_[chosen - 1].models;
+      plain_said_ = records_[first - 1].models;
+    }
+    if (!records_.empty()) rec.before = records_.front().models;
+    for (ModelId m : rec.models) rec.detour |= !records_.empty() && !knows_model(m);
     records_.push_front(std::move(rec));
     if (records_.size() > kRecords) records_.pop_back();
+    // Which records followed what the prompt just before the next one (this
+    // one) ran.
+    for (Record& r : records_) r.context = !r.before.empty() && r.before == records_.front().models;
     clear_now(/*release=*/false);
   }
   for (Record& rec : records_) {
@@ -128,7 +167,7 @@ TraceRecorder::Rank TraceRecorder::rank(const TraceKey& k) const {
     // Note [Cached conditioning]: the next rerun takes the conditioning from the
     // application's cache; the one after it runs it again.
     if (auto f = now_first_.find(k); f != now_first_.end())
-      return {1, (conditioning(k.model) ? ref.keys.size() : 0) + f->second.first};
+      return {1, (defers_conditioning(k.model) ? ref.keys.size() : 0) + f->second.first};
     if (it != ref.pos.end()) return {1, ref.keys.size() + it->second.front()};
     return {2, 0};
   }

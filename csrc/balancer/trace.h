@@ -67,12 +67,31 @@
 // encode after sampling) leaves the set. Each change of the set is a new
 // generation (Note [Trace index]). A prompt that does change the text runs the
 // encoder from its source, as it would had its pins gone to the next prompt's
-// sampler. When it landed, on suite seeds 1-5 the trace read 0.1% less in
+// sampler; the rule's check (Note [Rule checks], rule_check.h) sees it run and
+// stops deferring that encoder, and any encoder with no verdict of its own,
+// until a prompt of the same sampler runs without it twice. The models that
+// looped (a key accessed kLoopPasses times) are the record's samplers, by which
+// the checks tell one workflow from another. When it landed, on suite seeds 1-5 the trace read 0.1% less in
 // total and 39 -> 38 scenarios read more than min(lru, mru) plus a layer; on
 // the demo trace, at the budget pins derives (Note [Derived budget]), runs 2-9
 // read 10.83 -> 10.43 GiB (the seed change after the rerun 1.51 -> 1.19); on
 // the full-size WAN 2.2 trace's rerun and prompt-change sequences, which run
 // the encoder every prompt, 1.6% more (docs/SIMULATOR.md, "Cached conditioning").
+//
+// Note [Trace context]
+// Which followed record is active decides what comes after it. The most recent
+// one is right for a rerun and for workflows in turn, and wrong where prompts
+// come in pairs (e1 e1 e2 e2: a first e1 follows both e1 records, and the most
+// recent came second in its pair, so its successor was e2). Past a rerun (the
+// last prompt is not followed), the active record is the most recent followed
+// one whose own predecessor ran the models the current prompt's predecessor
+// ran (Record::before, ::context), when there is one: a second-order
+// prediction. Its check (Note [Rule checks]) judges it at the next prompt
+// against the plain choice, where the two predict different models: the
+// choice stops when it was wrong and the plain one right, until it is right
+// twice. On the encoder-pairs trace (profiling/traces/rules) trace read 1.29x
+// mru before it and the first-seen limits, 0.99x with them (docs/SIMULATOR.md,
+// "Rules with a check of their own").
 //
 // Note [Trace index]
 // A prediction is next_use = rank's class and value read against the active
@@ -95,9 +114,11 @@
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "csrc/balancer/registry.h"
+#include "csrc/balancer/rule_check.h"
 
 namespace pins {
 
@@ -153,8 +174,42 @@ class TraceRecorder {
   // Whether a kept record accessed `m` (Note [First-seen models], pin_table.h).
   bool knows_model(ModelId m) const;
   // Whether the current prompt ran `m` only before its sampler's loop (Note
-  // [Cached conditioning]).
+  // [Cached conditioning]), and whether the rule defers it: its check (Note
+  // [Rule checks]) trusts it for `m`.
   bool conditioning(ModelId m) const { return conditioning_.count(m) != 0; }
+  bool defers_conditioning(ModelId m) const { return conditioning(m) && conditioning_check_.applies(m); }
+  // Note [Rule checks]: the first-seen rule's check (the pin table notes its
+  // predictions), the conditioning rule's.
+  FirstSeenCheck& first_seen() { return first_seen_; }
+  const FirstSeenCheck& first_seen() const { return first_seen_; }
+  const ConditioningCheck& conditioning_check() const { return conditioning_check_; }
+  const RuleCheck& context_check() const { return context_check_; }
+  // The models of the last prompt's workflow (Note [First-seen models]): of
+  // the kept records that share a sampler with the last prompt
+  // (Record::samplers), for which `skip` is false. Empty when that workflow
+  // ran once, as a detour itself (Record::detour).
+  // Returns those models and the records' samplers.
+  template <typename Skip>
+  std::pair<std::unordered_set<ModelId>, std::unordered_set<ModelId>> last_workflow_models(Skip skip) const {
+    std::unordered_set<ModelId> out, samplers;
+    if (records_.empty()) return {};
+    const Record& last = records_.front();
+    int runs = 0;
+    for (const Record& r : records_) {
+      if (&r != &last && !meets(r.samplers, last.samplers)) continue;
+      runs++;
+      for (ModelId m : r.models)
+        if (!skip(m)) out.insert(m);
+      samplers.insert(r.samplers.begin(), r.samplers.end());
+    }
+    if (runs < 2 && last.detour) return {};
+    return {std::move(out), std::move(samplers)};
+  }
+  // A model gone from the balancer: its checks' state goes too.
+  void forget(ModelId m) {
+    first_seen_.forget(m);
+    conditioning_check_.forget(m);
+  }
   int64_t departures() const { return departures_; }
 
  private:
@@ -164,7 +219,20 @@ class TraceRecorder {
     size_t cursor = 0;      // the current prompt follows it up to here
     bool departed = false;  // the current prompt left it
     std::unordered_set<ModelId> models;  // every model of `keys`
+    // The models that looped: a key of theirs accessed kLoopPasses times (the
+    // samplers, Note [Cached conditioning]); all of `models` when none did.
+    std::unordered_set<ModelId> samplers;
+    std::unordered_set<ModelId> before;  // the models of the prompt before it (Note [Trace context])
+    bool context = false;  // `before` is what the last prompt ran
+    // It ran a model no earlier kept record knew, after some record: a
+    // workflow new then (Note [First-seen models]).
+    bool detour = false;
   };
+  static bool meets(const std::unordered_set<ModelId>& a, const std::unordered_set<ModelId>& b) {
+    for (ModelId m : a)
+      if (b.count(m) != 0) return true;
+    return false;
+  }
 
   // A key's first position in now_ and its accesses so far.
   struct Seen {
@@ -177,15 +245,25 @@ class TraceRecorder {
   // that ran only before it.
   bool looped_ = false;
   std::unordered_set<ModelId> conditioning_;
+  FirstSeenCheck first_seen_;             // Note [Rule checks]
+  ConditioningCheck conditioning_check_;  // Note [Rule checks]
+  // Note [Trace context]: the check of the choice, and what the last prompt's
+  // choice and the plain one predicted the next prompt to run (empty: no choice).
+  RuleCheck context_check_;
+  std::unordered_set<ModelId> context_said_, plain_said_;
   std::deque<Record> records_;  // the last prompts' records, most recent first
   bool departed_ = true;        // every record departed
   bool overflow_ = false;       // this prompt passed kLimit
   int64_t departures_ = 0;      // COUNT prompts that departed from every record
   uint64_t generation_ = 0;     // changes of the active record (Note [Trace index])
 
-  // The active record's index in records_ (the first one still followed);
-  // records_.size() when none is.
+  // The active record's index in records_ (the first one still followed, or
+  // Note [Trace context]'s choice); records_.size() when none is.
   size_t active() const;
+  // The first record still followed (records_.size(): none), and the one Note
+  // [Trace context] would choose past it (itself when none).
+  size_t first_followed() const;
+  size_t context_choice(size_t first) const;
   // Note [Cached conditioning]: the current prompt's access `k`, at `seen`.
   void find_conditioning(const TraceKey& k, const Seen& seen);
   // Forgets the current prompt's accesses (`release`: and their memory).

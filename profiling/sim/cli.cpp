@@ -19,7 +19,8 @@ namespace {
 
 const char* kUsage =
     "usage: pins-sim --trace FILE [options]\n"
-    "       pins-sim --suite [--seed N] [--scenarios N] [--threads N] [--policy LIST] [--csv FILE] [--conf TEXT]\n"
+    "       pins-sim --suite [--suite-kind K] [--seed N] [--scenarios N] [--threads N] [--policy LIST] [--csv FILE]\n"
+    "                [--conf TEXT]\n"
     "Replays a workflow trace through the pin policies over a modelled machine (docs/SIMULATOR.md).\n"
     "  --trace FILE            the trace (JSON; profiling/traces/ holds the bundled ones)\n"
     "  --sequence NAME|all     which of the trace's sequences (default: its first)\n"
@@ -40,6 +41,8 @@ const char* kUsage =
     "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n"
     "  --suite                 replay the generated scenario suite instead of a trace (docs/SIMULATOR.md\n"
     "                          \"The scenario suite\"): figures per policy against the oracle, mru and lru\n"
+    "  --suite-kind K          suite (default: today's schedule of 14 patterns), v1 (the 10 before issue 39) or\n"
+    "                          unseen (the held-out sets: other families and machines, Note [Simulator unseen sets])\n"
     "  --seed N                the suite's seed (default 1)\n"
     "  --scenarios N           the suite's size (default 200)\n"
     "  --threads N             replay the suite on N threads (default: the hardware's)\n"
@@ -53,6 +56,7 @@ struct Options {
   std::vector<std::string> policies, machine;
   int runs = 0;
   bool suite = false;
+  SuiteKind kind = SuiteKind::Suite;
   uint64_t seed = 1;
   int scenarios = 200, threads = 0;
   std::string write_trace;
@@ -119,7 +123,12 @@ Options parse_args(const std::vector<std::string>& args) {
               "--policy: expected lru, mru, trace, reuse, clairvoyant, oracle, oracle-pins or all, got \"" + p + "\"");
     } else if (a == "--runs") o.runs = static_cast<int>(integer_arg(a, value(), 1));
     else if (a == "--suite") o.suite = true;
-    else if (a == "--seed") o.seed = static_cast<uint64_t>(integer_arg(a, value(), 0, std::numeric_limits<long long>::max()));
+    else if (a == "--suite-kind") {
+      const std::string v = value();
+      const std::optional<SuiteKind> k = parse_suite_kind(v);
+      if (!k) throw std::invalid_argument("--suite-kind: expected suite, v1 or unseen, got \"" + v + "\"");
+      o.kind = *k;
+    } else if (a == "--seed") o.seed = static_cast<uint64_t>(integer_arg(a, value(), 0, std::numeric_limits<long long>::max()));
     else if (a == "--scenarios") o.scenarios = static_cast<int>(integer_arg(a, value(), 1));
     else if (a == "--write-trace") o.write_trace = value();
     else if (a == "--threads") o.threads = static_cast<int>(integer_arg(a, value(), 1));
@@ -178,11 +187,11 @@ int run_suite_cli(const Options& o, std::ostream& out) {
     if (colon == std::string::npos || colon + 1 == o.write_trace.size())
       throw std::invalid_argument("--write-trace: expected INDEX:FILE, got \"" + o.write_trace + "\"");
     std::ofstream f = open_out(o.write_trace.substr(colon + 1), "--write-trace");
-    f << make_scenario(o.seed, index, params).json << "\n";
+    f << make_scenario(o.seed, index, params, o.kind).json << "\n";
     return 0;
   }
   const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-  const SuiteResult r = run_suite(o.seed, o.scenarios, o.policies, params, o.replay, threads);
+  const SuiteResult r = run_suite(o.seed, o.scenarios, o.policies, params, o.replay, threads, o.kind);
   if (!o.csv.empty()) {
     std::ofstream f = open_out(o.csv, "--csv");
     write_suite_csv(f, r);

@@ -40,6 +40,7 @@ raises ``ValueError``; a request that cannot be served in the current state
 ``RuntimeError``. Both say what was wrong and the value it got.
 """
 import contextlib
+import functools
 import os
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
@@ -94,6 +95,26 @@ DeviceLike = Union[torch.device, str, int]
 _history = _report.PromptHistory(lambda: _ops.stats())
 
 
+def _host(fn):
+    """Note [Host calls under torch.compile]
+    The ops that keep pins' books (models, prompts, invalidation, freeing,
+    loading, counters, settings) take no tensor or give none that a graph
+    computes with. Dynamo would put them in its graph and AOTAutograd, which
+    records only what tensors flow through, would run them once while tracing
+    and leave them out of the compiled code: a compiled function would mark no
+    prompt and end no node after its first call. So while Dynamo traces, each
+    runs through ``torch.compiler.disable``: outside every graph, at every
+    call, where the program calls it. Eager calls go straight to the op (no
+    import of torch._dynamo for programs that never compile). The casts are
+    tensor ops and are traced."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not _is_dynamo_compiling():
+            return fn(*args, **kwargs)
+        return torch.compiler.disable(fn, reason="pins' bookkeeping runs where it is called")(*args, **kwargs)
+    return call
+
+
 def _check_signature(op: str, signature: Optional[int]) -> None:
     # The op takes an int64 or None; a clear error here rather than the
     # overload resolver's RuntimeError.
@@ -103,6 +124,7 @@ def _check_signature(op: str, signature: Optional[int]) -> None:
         raise ValueError(f"{op}: signature must be None or an int64, got {type(signature).__name__} {signature!r}")
 
 
+@_host
 def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False, size: int = 0) -> int:
     """Registers a model (weights that load and unload together) and returns its id.
 
@@ -122,22 +144,26 @@ def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False, 
     return _ops.register_model(name, torch.device(load_device), fast_disk, size)
 
 
+@_host
 def forget_model(model: int) -> None:
     """Forgets a model and frees all its pins."""
     _ops.forget_model(model)
 
 
+@_host
 def set_active(model: int, active: bool = True) -> None:
     """Marks a model as executing now (its streaming pins are then evicted last).
     Becoming active counts as being loaded again."""
     _ops.set_active(model, active)
 
 
+@_host
 def mark_prompt(models: Iterable[int]) -> None:
     """Marks models as used by the current prompt, starting a prompt if none runs."""
     _ops.mark_prompt(list(models))
 
 
+@_host
 def end_prompt() -> None:
     """The prompt boundary: clears the marks and drops the ``patches`` pins;
     records what the prompt moved (:func:`report`, Note [Prompt history])."""
@@ -145,6 +171,7 @@ def end_prompt() -> None:
     _history.record()
 
 
+@_host
 def end_node() -> None:
     """A node boundary inside a prompt (ComfyUI ends one after every node): drops
     the ``patches`` pins, clears ``active`` on every model, drops pins of sources
@@ -196,8 +223,15 @@ def cast_to_device(source: torch.Tensor, device: DeviceLike, dtype: Optional[tor
     # the extension's entry (Note [Python fast path]) or else the op's overload.
     if signature is not None:
         _check_signature("cast_to_device", signature)
-    if type(source) not in _PLAIN_TYPES and _subclass.is_wrapper(source):
-        return _subclass.cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature, out)
+    if type(source) not in _PLAIN_TYPES:
+        if _subclass.is_wrapper(source):
+            return _subclass.cast_to_device(source, device, dtype, non_blocking, model, kind, resident, signature, out)
+        if out is None and isinstance(source, torch.Tensor):  # Note [Plain subclasses]
+            given = _subclass.op_source(source)
+            if type(device) is not torch.device:
+                device = torch.device(device)
+            cast = _cast_to_device_op if _is_dynamo_compiling() else _cast_to_device
+            return _subclass.rebuild(source, cast(given, device, dtype, non_blocking, model, kind, resident, signature))
     if type(device) is not torch.device:
         device = torch.device(device)
     if out is None:
@@ -241,10 +275,13 @@ def cast_many_to_device(sources: Sequence[torch.Tensor], device: DeviceLike, dty
             raise ValueError(f"cast_many_to_device: sources[{i}] must be a tensor, got {type(s).__name__}")
     if any(_subclass.is_wrapper(s) for s in sources):
         return _subclass.cast_many_to_device(sources, device, dtype, non_blocking, model, kind, resident, signature)
-    return list(_ops.cast_many_to_device(sources, torch.device(device), dtype, non_blocking, model, kind, resident,
-                                         signature))
+    subclassed = [_subclass.is_plain_subclass(s) for s in sources]  # Note [Plain subclasses]
+    casts = list(_ops.cast_many_to_device([_subclass.op_source(s) if sub else s for s, sub in zip(sources, subclassed)],
+                                          torch.device(device), dtype, non_blocking, model, kind, resident, signature))
+    return [_subclass.rebuild(s, c) if sub else c for s, c, sub in zip(sources, casts, subclassed)]
 
 
+@_host
 def invalidate(source: torch.Tensor) -> int:
     """Drops every pin (any model, any subset, gathered pins included) whose
     source bytes overlap ``source``'s bytes in its storage; returns the bytes
@@ -259,6 +296,7 @@ def invalidate(source: torch.Tensor) -> int:
     return _ops.invalidate(source)
 
 
+@_host
 def load_file(path: Union[str, "os.PathLike[str]"]) -> Dict[str, torch.Tensor]:
     """The tensors of the safetensors file at ``path``, by name, in the order of
     their bytes in the file: CPU tensors over a private (copy-on-write) mapping
@@ -276,12 +314,14 @@ def load_file(path: Union[str, "os.PathLike[str]"]) -> Dict[str, torch.Tensor]:
     return dict(_ops.load_file(os.fspath(path)))
 
 
+@_host
 def invalidate_model(model: int) -> int:
     """Drops every pin of ``model`` (which stays registered); returns the bytes
     dropped. A ``model`` that is not registered raises ``ValueError``."""
     return _ops.invalidate_model(model)
 
 
+@_host
 def free_pins(bytes: int, evict_active: bool = False, loaded: bool = False) -> int:
     """Frees at least ``bytes`` of pins along the eviction tiers (active models'
     streaming pins only with ``evict_active``; with ``loaded``, only the tiers a
@@ -308,6 +348,7 @@ class Stats(dict):
         return "\n".join(f"{k:<{width}}  {fmt(k, v)}" for k, v in sorted(self.items()))
 
 
+@_host
 def stats() -> Stats:
     """Every counter: pins, pinned and committed bytes, hits and misses, evictions
     by tier, refusals, casts served from the source by reason
@@ -320,6 +361,7 @@ def stats() -> Stats:
     return Stats(_ops.stats())
 
 
+@_host
 def locked_bytes() -> int:
     """The bytes pins holds page-locked now: ``stats()["locked_bytes"]`` without
     building every counter, for a check made before each page-lock of one's own
@@ -328,6 +370,7 @@ def locked_bytes() -> int:
     return int(_ops.locked_bytes())
 
 
+@_host
 def summary() -> str:
     """A few lines for people: pins and bytes per subset, hits, misses and hit
     rate, casts bypassed by reason, plain copies, what was freed, one line per
@@ -335,6 +378,7 @@ def summary() -> str:
     return _ops.summary()
 
 
+@_host
 def configure(conf: str = "", **keys) -> None:
     """Applies settings, in PINS_CONF syntax and/or as keywords:
     ``pins.configure("policy:trace", headroom="6G")``.
@@ -350,6 +394,7 @@ def configure(conf: str = "", **keys) -> None:
     _ops.configure(",".join(parts))
 
 
+@_host
 def report() -> Dict[str, object]:
     """Everything ``python -m torch_pins stats --json`` prints, as a dict: the
     version, library, torch, configuration (``{key: {"value", "source"}}``),
@@ -360,6 +405,7 @@ def report() -> Dict[str, object]:
     return _report.report(_history)
 
 
+@_host
 def config() -> Dict[str, str]:
     """The settings in force (PINS_CONF, then :func:`configure`), every key with
     its value as PINS_CONF writes it (sizes in bytes):
@@ -367,6 +413,7 @@ def config() -> Dict[str, str]:
     return dict(part.split(":", 1) for part in _ops.config().split(",") if part)
 
 
+@_host
 def config_sources() -> Dict[str, str]:
     """Where each setting of :func:`config` came from, every key: ``"default"``,
     ``"derived from the machine: RAM 23.54 GiB"`` (or ``cgroup limit``; for

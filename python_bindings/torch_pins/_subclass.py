@@ -20,15 +20,35 @@ A subclass that overrides ``__torch_dispatch__`` but lacks the flatten protocol
 hides its data from pins: it is refused with a ``ValueError`` naming its type,
 never copied through a fresh pin per call. Subclasses without their own
 dispatch (``Parameter``, plain Python subclasses) have real storage and take
-the op's ordinary path. Inner tensors on another device than the CPU (a scale
-already on the GPU) are moved with ``Tensor.to``, outside pins.
+the op's ordinary path (Note [Plain subclasses]). Inner tensors on another
+device than the CPU (a scale already on the GPU) are moved with ``Tensor.to``,
+outside pins.
+
+Note [Plain subclasses]
+~~~~~~~~~~~~~~~~~~~~~~~
+A plain Python subclass (no dispatch of its own; ComfyUI-GGUF's ``GGMLTensor``)
+holds its data in its own storage, and often more in its instance attributes:
+GGMLTensor's ``tensor_type`` and ``tensor_shape`` say how to read its raw
+quantized bytes. torch hands an op's results back as the class but without
+those attributes, so a GGMLTensor came back looking right and read as the
+wrong shape. So pins casts a plain alias of the source (the same storage: the
+same pin; a class with a ``__torch_function__`` of its own is given the call
+as it is, and sees it) and :func:`rebuild` makes the result what the class's
+``.to()`` gives: the source's class and its instance attributes (its ``__dict__`` and
+``__slots__``, as ``torch.save`` keeps them; not Parameter's mark, which
+``.to()`` drops), then, when the class has its own ``to``, that ``to`` on the
+result, which is on the device already, so that its own bookkeeping runs
+(GGMLTensor copies its patch list) with no copy of the data. ``Parameter``
+itself stays plain: its ``.to()`` gives a plain tensor.
 """
+import copyreg
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-__all__ = ["is_wrapper", "cast_to_device", "cast_many_to_device", "inner_tensors"]
+__all__ = ["is_wrapper", "is_plain_subclass", "op_source", "rebuild", "cast_to_device", "cast_many_to_device",
+           "inner_tensors"]
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -46,6 +66,42 @@ def is_wrapper(t: Any) -> bool:
         return False
     return is_traceable_wrapper_subclass(t) or \
         getattr(type(t), "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__
+
+
+def is_plain_subclass(t: Any) -> bool:
+    """Whether ``t`` is a plain Python subclass with storage of its own (Note
+    [Plain subclasses]): not a wrapper, not torch.Tensor or Parameter."""
+    return isinstance(t, torch.Tensor) and type(t) not in _PLAIN_TYPES and not is_wrapper(t)
+
+
+def _default_torch_function(t: torch.Tensor) -> bool:
+    return getattr(type(t).__torch_function__, "__func__", None) is torch.Tensor.__torch_function__.__func__
+
+
+def op_source(t: torch.Tensor) -> torch.Tensor:
+    """What the op is given for a plain subclass ``t``: a torch.Tensor over its
+    storage, unless its class has a ``__torch_function__`` of its own, which
+    then sees the call (Note [Plain subclasses])."""
+    return t.as_subclass(torch.Tensor) if _default_torch_function(t) else t
+
+
+def rebuild(source: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """What ``source.to(result.device, result.dtype)`` gives, over ``result``'s
+    data (Note [Plain subclasses])."""
+    cls = type(source)
+    if type(result) is cls:  # its own __torch_function__ made one
+        out = result
+    elif type(result) is torch.Tensor and _default_torch_function(source):
+        out = result.as_subclass(cls)
+    else:  # its own __torch_function__ chose another type: the class's call
+        return result
+    out.__dict__.update({k: v for k, v in vars(source).items() if k != "_is_param"})
+    for name in copyreg._slotnames(cls):
+        if hasattr(source, name):
+            setattr(out, name, getattr(source, name))
+    if cls.to is not torch.Tensor.to:  # its own .to, on a tensor already there: no copy
+        out = out.to(device=result.device, dtype=result.dtype)
+    return out
 
 
 def _check_flattenable(t: torch.Tensor, argument: str) -> None:
@@ -82,7 +138,7 @@ class _Plan:
         self.wrapper = is_wrapper(source)
         if not self.wrapper:
             self.index = len(leaves)
-            leaves.append(source)
+            leaves.append(op_source(source) if is_plain_subclass(source) else source)
             return
         _check_flattenable(source, argument)
         self.names, self.ctx, inner = _flatten(source)
@@ -98,7 +154,7 @@ class _Plan:
 
     def build(self, casts: Sequence[torch.Tensor], device: torch.device, non_blocking: bool) -> torch.Tensor:
         if not self.wrapper:
-            return casts[self.index]
+            return rebuild(self.source, casts[self.index]) if is_plain_subclass(self.source) else casts[self.index]
         inner = {}
         for name, child in zip(self.names, self.children):
             if isinstance(child, _Plan):

@@ -27,3 +27,19 @@ def model(pins):
         pins.forget_model(m)
     except ValueError:
         pass  # the test forgot it itself
+
+
+@pytest.fixture
+def fresh_compile():
+    """torch.compile anew: Dynamo reset, and inductor's FX graph cache and
+    AOTAutograd's cache off, which key a graph without the ops' tags, so code
+    compiled against another build of pins could be served from them."""
+    import torch
+    import torch._functorch.config
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+    torch._dynamo.reset()

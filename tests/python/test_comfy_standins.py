@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import gc
 import importlib
+import importlib.util
 import logging
 import os
 import pkgutil
@@ -158,8 +159,13 @@ def _stand_in_comfy(with_executor=True, with_ram_points=True):
         def model_patches_models(self):
             return []
 
-        def model_size(self):  # ComfyUI's: comfy.model_management.module_size(self.model)
-            return sum(t.nbytes for t in self.model.state_dict().values())
+        size = 0
+
+        def model_size(self):  # ComfyUI's: module_size(self.model), cached on the patcher
+            if self.size > 0:
+                return self.size
+            self.size = sum(t.nbytes for t in self.model.state_dict().values())
+            return self.size
 
         def patch_weight_to_device(self, key, device_to=None, inplace_update=False):
             if key not in self.patches:
@@ -172,8 +178,21 @@ def _stand_in_comfy(with_executor=True, with_ram_points=True):
 
     mp.ModelPatcher, mp.LowVramPatch = ModelPatcher, LowVramPatch
     comfy.ops, comfy.model_management, comfy.utils, comfy.model_patcher = ops, mm, utils, mp
+
+    nodes = types.ModuleType("nodes")
+
+    async def load_custom_node(module_path, ignore=set(), module_parent="custom_nodes"):
+        """As ComfyUI's: a custom node's package imported under its path."""
+        name = module_path.replace(".", "_x_")
+        spec = importlib.util.spec_from_file_location(name, os.path.join(module_path, "__init__.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return True
+
+    nodes.load_custom_node = load_custom_node
     modules = {"comfy": comfy, "comfy.ops": ops, "comfy.model_management": mm,
-               "comfy.utils": utils, "comfy.model_patcher": mp}
+               "comfy.utils": utils, "comfy.model_patcher": mp, "nodes": nodes}
 
     if with_executor:
         execution = types.ModuleType("execution")
@@ -224,12 +243,11 @@ class _Recorder:
 
 def _record_pins_calls(monkeypatch, integration, recorder):
     """Every module of the torch_pins.comfy package calls pins through its own
-    module-level name ``pins``: each one records into ``recorder``."""
-    import torch_pins
-
+    module-level name ``pins``: each one calls ``recorder`` instead (or the
+    real module again, given it)."""
     for info in pkgutil.iter_modules(integration.__path__):
         module = importlib.import_module(f"{integration.__name__}.{info.name}")
-        if getattr(module, "pins", None) is torch_pins:
+        if hasattr(module, "pins"):
             monkeypatch.setattr(module, "pins", recorder)
     monkeypatch.setattr(integration, "pins", recorder)
 
@@ -417,6 +435,41 @@ def test_patchers_register_one_model_per_weight_module_and_forget_it_with_them(c
     gc.collect()
     assert ("forget_model", (model,), {}) in comfy_env.rec.calls
     assert comfy_env.integration.stats()["models"] == 1
+
+
+class _Unloaded(torch.nn.Module):
+    """A layer made before its weights are loaded, as ComfyUI 0.33's quantized
+    ops are: no weight until load_state_dict; state_dict warns until then."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+        self.bias = torch.nn.Parameter(torch.zeros(n), requires_grad=False)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self.weight = torch.nn.Parameter(torch.empty_like(state_dict[prefix + "weight"]), requires_grad=False)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def state_dict(self, *args, destination=None, prefix="", **kwargs):
+        if not hasattr(self, "weight"):
+            logging.getLogger("comfy.ops").warning("Warning: state dict on uninitialized op %s", prefix)
+        return super().state_dict(*args, destination=destination, prefix=prefix, **kwargs)
+
+
+def test_registering_a_model_changes_nothing_comfyui_computes_about_it(comfy_env, caplog):
+    # ComfyUI 0.33 makes a diffusion model's patcher before it loads the
+    # weights: a model_size() from the registration cached the empty model's
+    # size in the patcher, and each op without weights logged a warning.
+    comfy_env.integration.enable()
+    net = torch.nn.Sequential(_Unloaded(64), _Unloaded(64))
+    with caplog.at_level(logging.WARNING):
+        patcher = comfy_env.m["comfy.model_patcher"].ModelPatcher(net, torch.device("cpu"), torch.device("cpu"))
+    assert comfy_env.integration.model_id(patcher) >= 0
+    assert patcher.size == 0, "pins asked ComfyUI for the size, which ComfyUI then keeps"
+    assert not [r for r in caplog.records if "uninitialized op" in r.getMessage()]
+    net.load_state_dict({f"{i}.{k}": torch.randn(64, 64) if k == "weight" else torch.zeros(64)
+                         for i in range(2) for k in ("weight", "bias")})
+    assert patcher.model_size() == 2 * (64 * 64 + 64) * 4, "ComfyUI's own size of the loaded model"
 
 
 def test_disable_forgets_the_models(comfy_env):
@@ -1272,3 +1325,132 @@ def test_a_module_holding_load_torch_file_by_name_is_hooked_and_restored_to_comf
     _assert_same_state_dict(sd, comfy(path))
     comfy_env.integration.disable()
     assert clip_vision.load_torch_file is comfy and utils.load_torch_file is comfy, "ComfyUI's own, not ours"
+
+
+# --- torch.compile of a model pins serves (issue 35; the real node: test_comfy.py) ---
+
+def test_a_compiled_model_compiles_as_often_with_pins_as_without_and_gives_the_same_values(comfy_env, monkeypatch,
+                                                                                          fresh_compile):
+    # Note [Bookkeeping under torch.compile]: the hooks' counters were guards
+    # of the compiled frame, so each call recompiled. The recorder stands
+    # aside: the real pins module, as in ComfyUI.
+    from torch._dynamo.utils import counters
+
+    _record_pins_calls(monkeypatch, comfy_env.integration, comfy_env.pins)
+    net, patcher = _net_and_patcher(comfy_env)
+    inputs = [torch.randn(3, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+
+    def run():
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(net)  # inductor, as ComfyUI's TorchCompileModel
+        with torch.no_grad():
+            outputs = [compiled(x) for x in inputs]
+        return outputs, counters["frames"]["total"]
+
+    plain, plain_frames = run()
+    assert comfy_env.integration.enable(cpu_targets=True)
+    comfy_env.m["comfy.model_management"].load_models_gpu([patcher])  # registers it, as ComfyUI's loads do
+    model = comfy_env.integration.model_id(patcher)
+    before = comfy_env.pins.stats()
+    served, frames = run()
+    after = comfy_env.pins.stats()
+    assert frames == plain_frames == 1, (frames, plain_frames)
+    assert all(torch.equal(a, b) for a, b in zip(served, plain)), "pins changed a compiled output"
+    misses = after[f"model.{model}.misses"] - before.get(f"model.{model}.misses", 0)
+    hits = after[f"model.{model}.hits"] - before.get(f"model.{model}.hits", 0)
+    assert misses == 2 and hits == 2 * (len(inputs) - 1), (misses, hits)  # l1 gathered, l2: pinned once
+
+
+# --- ComfyUI-GGUF's layers (issue 35; the real node: test_comfy.py) ---
+
+GGUF_NODE = os.path.join(os.path.dirname(__file__), "standins", "comfyui_gguf")
+
+
+def _write_gguf(path, gguf):
+    """Five layers of 8 x 64, their weights Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1,
+    their biases F16 and F32 in turn."""
+    import numpy as np
+
+    g = np.random.default_rng(3)
+    writer = gguf.GGUFWriter(str(path), "test")
+    for i, name in enumerate(["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]):
+        qtype = gguf.GGMLQuantizationType[name]
+        writer.add_tensor(f"{i}.weight", gguf.quants.quantize(g.standard_normal((8, 64), np.float32) / 8, qtype),
+                          raw_dtype=qtype)
+        writer.add_tensor(f"{i}.bias", g.standard_normal(8, np.float32).astype(np.float16 if i % 2 else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture
+def gguf_node(comfy_env):
+    """The stand-in ComfyUI-GGUF, loaded as ComfyUI loads a custom node (with
+    pins enabled: its hooks go in as it arrives); gone from sys.modules after."""
+    gguf = pytest.importorskip("gguf", reason="GGUF files are written with the gguf package")
+    comfy_env.integration.enable(cpu_targets=True)
+    assert "ComfyUI-GGUF.ops.GGMLTensor.to" not in comfy_env.integration.stats()["hooks"]
+    name = GGUF_NODE.replace(".", "_x_")
+    asyncio.run(comfy_env.m["nodes"].load_custom_node(GGUF_NODE))
+    try:
+        yield types.SimpleNamespace(gguf=gguf, ops=sys.modules[name + ".ops"], loader=sys.modules[name + ".loader"])
+    finally:
+        comfy_env.integration.disable()
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+
+
+def test_a_gguf_layer_casts_through_pins_keeping_its_quantization_and_hits_from_the_second_step(
+        comfy_env, gguf_node, tmp_path):
+    hooks = comfy_env.integration.stats()["hooks"]
+    assert {"ComfyUI-GGUF.ops.GGMLLayer.cast_bias_weight", "ComfyUI-GGUF.ops.GGMLTensor.to"} <= set(hooks)
+    _write_gguf(tmp_path / "t.gguf", gguf_node.gguf)
+    net = torch.nn.Sequential(*(gguf_node.ops.Linear(64, 8) for _ in range(5)))
+    net.load_state_dict(gguf_node.loader.gguf_sd_loader(str(tmp_path / "t.gguf")))
+    assert all(l.is_ggml_quantized() for l in net)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+
+    def run():
+        with torch.inference_mode():
+            return [torch.cat([layer(x) for layer in net]) for _ in range(3)]
+
+    comfy_env.integration.disable()
+    plain = run()
+    want = torch.cat([x @ gguf_node.ops.dequantize_tensor(l.weight, torch.float32).t()
+                      + l.bias.as_subclass(torch.Tensor).float() for l in net])
+    assert torch.equal(plain[0], want), "the stand-in dequantizes"
+    comfy_env.integration.enable(cpu_targets=True)  # the node is loaded already: its hooks are found
+    patcher = comfy_env.m["comfy.model_patcher"].ModelPatcher(net, torch.device("cpu"), torch.device("cpu"))
+    model = comfy_env.integration.model_id(patcher)
+    steps = []
+    for _ in range(3):
+        before = comfy_env.pins.stats()
+        steps.append((run()[0], before, comfy_env.pins.stats()))
+    assert all(torch.equal(out, plain[0]) for out, _, _ in steps), "pins changed a dequantized output"
+    misses = [a[f"model.{model}.misses"] - b.get(f"model.{model}.misses", 0) for _, b, a in steps]
+    hits = [a[f"model.{model}.hits"] - b.get(f"model.{model}.hits", 0) for _, b, a in steps]
+    assert misses == [10, 0, 0] and hits == [2 * 10, 3 * 10, 3 * 10], (misses, hits)  # weight and bias of 5 layers
+    s = comfy_env.integration.stats()
+    assert s["gguf_casts"] == 3 * 3 * 10 and s.get("errors", 0) == 0, s
+
+
+def test_a_gguf_weight_moved_through_pins_is_what_its_to_gives(comfy_env, gguf_node, tmp_path):
+    _write_gguf(tmp_path / "t.gguf", gguf_node.gguf)
+    layer = gguf_node.ops.Linear(64, 8)
+    sd = gguf_node.loader.gguf_sd_loader(str(tmp_path / "t.gguf"))
+    layer.load_state_dict({k[2:]: v for k, v in sd.items() if k.startswith("1.")})
+    layer.weight.patches = [("lora", 0.5)]
+    comfy_env.m["comfy.model_patcher"].ModelPatcher(layer, torch.device("cpu"), torch.device("cpu"))
+    seen = []
+    layer.get_weight = lambda tensor, dtype: seen.append(tensor) or gguf_node.ops.dequantize_tensor(tensor, dtype)
+    layer.cast_bias_weight(torch.zeros(1, 64))
+    want = layer.weight.to("cpu")
+    bias, weight = seen
+    assert type(weight) is gguf_node.ops.GGMLTensor and weight is not layer.weight, "moved through pins"
+    assert (weight.tensor_type, weight.tensor_shape) == (want.tensor_type, want.tensor_shape) == \
+        (gguf_node.gguf.GGMLQuantizationType.Q4_0, torch.Size([8, 64]))
+    assert weight.patches == [("lora", 0.5)] and weight.patches is not layer.weight.patches
+    assert torch.equal(weight.as_subclass(torch.Tensor), layer.weight.as_subclass(torch.Tensor))
+    assert bias.tensor_type == gguf_node.gguf.GGMLQuantizationType.F16 and bias is not layer.bias

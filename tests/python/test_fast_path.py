@@ -307,7 +307,8 @@ def compile_works():
         return f"torch.compile does not run on this machine: {type(e).__name__}: {e}"
 
 
-def test_torch_compile_traces_the_op_without_a_graph_break(pins, fast, model):
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_torch_compile_traces_the_op_without_a_graph_break(pins, fast, model, backend, fresh_compile):
     why = compile_works()
     if why:
         pytest.skip(why)
@@ -322,7 +323,7 @@ def test_torch_compile_traces_the_op_without_a_graph_break(pins, fast, model):
     explained = torch._dynamo.explain(f)(torch.randn(3, 16).half())
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
     torch._dynamo.reset()
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")  # a graph break raises
+    compiled = torch.compile(f, fullgraph=True, backend=backend)  # a graph break raises
     x = torch.randn(3, 16).half()
     hits = pins.stats()["hits"]
     for _ in range(2):

@@ -24,6 +24,9 @@ def test_every_op_is_checked(pins):
     # Tag.out where this torch has it, out_variant in releases before (ops/cast_to_device.cpp).
     tag = getattr(torch.Tag, "out", None) or torch.Tag.out_variant
     assert tag in torch.ops.pins.cast_to_device.out.tags, "torch.compile functionalizes it as an out variant"
+    # Any strides in (Note [Casts under inductor] in ops/cast_to_device.cpp).
+    for op in (torch.ops.pins.cast_to_device.default, torch.ops.pins.cast_many_to_device.default):
+        assert torch.Tag.flexible_layout in op.tags, op
 
 
 def test_opcheck_cast_to_device(pins, model):
@@ -72,7 +75,8 @@ def test_opcheck_cast_many_to_device(pins, model):
         torch.library.opcheck(torch.ops.pins.cast_many_to_device.default, args)
 
 
-def test_torch_compile_fullgraph_traces_the_gathered_and_out_casts(pins, model):
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_torch_compile_fullgraph_traces_the_gathered_and_out_casts(pins, model, backend, fresh_compile):
     w, b = torch.randn(16, 8), torch.randn(16)
 
     def f(x, buf):
@@ -85,12 +89,17 @@ def test_torch_compile_fullgraph_traces_the_gathered_and_out_casts(pins, model):
             buf.copy_(torch.ops.pins.cast_to_device(b, torch.device("cpu"), None, False, model, "weights", False, None))
         return x.half() @ cw.t() + cb, buf * 2
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    def plain(x, buf):  # the same with .to(): what the backend makes of it without pins
+        buf.copy_(b)
+        return x.half() @ w.half().t() + b.half(), buf * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
     x = torch.randn(3, 8)
+    want, _ = torch.compile(plain, fullgraph=True, backend=backend)(x, torch.empty(16))
     for _ in range(2):
         buf = torch.empty(16)
         y, z = compiled(x, buf)
-        assert torch.equal(y, x.half() @ w.half().t() + b.half())
+        assert torch.equal(y, want)
         assert torch.equal(z, b * 2) and torch.equal(buf, b), "the out= write reaches the caller's buffer"
 
 
@@ -147,14 +156,15 @@ def test_opcheck_forget_model(pins):
     torch.library.opcheck(torch.ops.pins.forget_model.default, (m,), test_utils=("test_schema",))
 
 
-def test_torch_compile_fullgraph_traces_cast(pins, model):
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+def test_torch_compile_fullgraph_traces_cast(pins, model, backend, fresh_compile):
     w = torch.randn(32, 16)
 
     def f(x):
         y = torch.ops.pins.cast_to_device(x, torch.device("cpu"), torch.float16, False, model, "weights", True, None)
         return y * 2
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
     before = pins.stats()["hits"]
     out = compiled(w)
     assert torch.equal(out, (w.to(torch.float16) * 2))

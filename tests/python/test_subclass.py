@@ -238,3 +238,117 @@ def test_comfy_kitchens_quantized_tensor_is_cast_as_itself(pins, model):
     assert after["misses"] - before["misses"] == 1 and after["hits"] - before["hits"] == 3
     assert after["pins"] - before["pins"] == 1
     assert after["pinned_bytes"] - before["pinned_bytes"] < weight.numel() * weight.element_size()
+
+
+# --- plain Python subclasses with instance attributes (issue 35, item 3) ---
+
+class Tagged(torch.Tensor):
+    """A plain subclass: real storage, torch's own dispatch, attributes set on
+    the instance (its __dict__)."""
+
+
+class GGMLLike(torch.Tensor):
+    """Shaped like ComfyUI-GGUF's GGMLTensor (our own, from its interface): raw
+    quantized bytes with the logical type and shape as attributes, a ``.to``
+    that carries them over (and copies the patch list), a ``shape`` that
+    answers the logical shape."""
+
+    def __new__(cls, *args, tensor_type, tensor_shape, patches=None, **kwargs):
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args, tensor_type, tensor_shape, patches=None, **kwargs):
+        super().__init__()
+        self.tensor_type, self.tensor_shape, self.patches = tensor_type, tensor_shape, list(patches or [])
+
+    def detach(self, *args, **kwargs):  # as GGMLTensor's: Parameter(g) is g itself, marked
+        return self
+
+    def to(self, *args, **kwargs):
+        new = super().to(*args, **kwargs)
+        new.tensor_type = getattr(self, "tensor_type", None)
+        new.tensor_shape = getattr(self, "tensor_shape", new.data.shape)
+        new.patches = getattr(self, "patches", []).copy()
+        return new
+
+    @property
+    def shape(self):
+        if not hasattr(self, "tensor_shape"):
+            self.tensor_shape = self.size()
+        return self.tensor_shape
+
+
+def _ggml(rows=8, cols=32):
+    raw = torch.randint(0, 255, (rows, cols + 2), dtype=torch.uint8)  # Q8_0-like rows: a scale and the bytes
+    return GGMLLike(raw, tensor_type="Q8_0", tensor_shape=torch.Size([rows, cols]), patches=[("lora", 1.0)])
+
+
+def test_which_plain_subclasses_carry_state():
+    t = torch.randn(4).as_subclass(Tagged)
+    assert not _subclass.is_wrapper(t) and not _subclass.is_wrapper(_ggml())
+
+
+def test_a_plain_subclass_keeps_its_class_and_attributes(pins, model):
+    t = torch.randn(4, 4).as_subclass(Tagged)
+    t.note, t.scale = "fp32 master", 0.5
+    for _ in range(2):
+        out = pins.cast_to_device(t, "cpu", torch.float16, model=model)
+        assert type(out) is Tagged and (out.note, out.scale) == ("fp32 master", 0.5), vars(out)
+        assert torch.equal(out.as_subclass(torch.Tensor), t.as_subclass(torch.Tensor).half())
+    assert pins.stats()[f"model.{model}.hits"] == 1, "its pin serves the second cast"
+
+
+def test_a_subclass_with_its_own_to_gets_what_its_to_gives(pins, model):
+    # ComfyUI-GGUF dequantizes with tensor_type and tensor_shape: without them
+    # a Q8_0 [8, 32] weight read back as the [8, 34] raw bytes.
+    g = _ggml()
+    want = g.to("cpu", copy=True)
+    for _ in range(2):
+        out = pins.cast_to_device(g, "cpu", model=model)
+        assert type(out) is GGMLLike and out.tensor_type == want.tensor_type == "Q8_0"
+        assert out.shape == want.shape == torch.Size([8, 32]) and out.size() == g.size()
+        assert out.patches == g.patches and out.patches is not g.patches, "its .to copies the patch list"
+        assert torch.equal(out.as_subclass(torch.Tensor), g.as_subclass(torch.Tensor))
+    assert pins.stats()[f"model.{model}.hits"] == 1
+
+
+def test_cast_many_gives_each_source_its_own_class(pins, model):
+    g, bias = _ggml(), torch.randn(8)
+    for _ in range(2):
+        w, b = pins.cast_many_to_device([g, bias], "cpu", model=model)
+        assert type(w) is GGMLLike and w.tensor_type == "Q8_0" and w.shape == torch.Size([8, 32])
+        assert type(b) is torch.Tensor, "a plain source gives a plain tensor, as its .to() does"
+        assert torch.equal(b, bias)
+    assert pins.stats()[f"model.{model}.hits"] == 1, "one gathered pin for both"
+
+
+def test_a_plain_subclass_beside_a_wrapper_keeps_its_attributes(pins, model):
+    g, q = _ggml(), ScaledInt8.quantize(torch.randn(8, 8))
+    w, s = pins.cast_many_to_device([g, q], "cpu", model=model)
+    assert type(w) is GGMLLike and w.tensor_type == "Q8_0" and type(s) is ScaledInt8
+
+
+def test_a_parameter_of_a_plain_subclass_is_cast_as_the_subclass(pins, model):
+    # torch.nn.Parameter(GGMLTensor) is the GGMLTensor itself, marked as a
+    # parameter; its .to() result is no parameter, and neither is pins'.
+    p = torch.nn.Parameter(_ggml(), requires_grad=False)
+    out = pins.cast_to_device(p, "cpu", model=model)
+    assert type(out) is GGMLLike and out.tensor_type == "Q8_0"
+    assert not isinstance(out, torch.nn.Parameter) and not isinstance(p.to("cpu", copy=True), torch.nn.Parameter)
+
+
+def test_a_subclass_with_its_own_torch_function_sees_the_cast_and_keeps_its_attributes(pins, model):
+    seen = []
+
+    class Watched(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    t = torch.randn(4).as_subclass(Watched)
+    t.note = "kept"
+    w, b = pins.cast_many_to_device([t, torch.randn(4)], "cpu", torch.float16, model=model)
+    out = pins.cast_to_device(t, "cpu", torch.float16, model=model)
+    names = {getattr(f, "_qualified_op_name", None) or getattr(f, "_name", None) for f in seen}
+    assert {"pins::cast_to_device", "pins::cast_many_to_device"} <= names, seen
+    assert type(out) is Watched and out.note == "kept" and type(w) is Watched and w.note == "kept"

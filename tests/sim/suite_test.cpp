@@ -34,22 +34,26 @@ TEST(SimSuite, AScenarioDependsOnlyOnItsSeedAndIndex) {
   EXPECT_NE(make_scenario(7, 5, params()).json, make_scenario(7, 13, params()).json);
 }
 
-TEST(SimSuite, EveryPatternInTenConsecutiveScenariosSeedChangesMostOften) {
+TEST(SimSuite, EveryPatternInEachScheduleSeedChangesMostOften) {
   std::set<std::string> machines, families;
   std::map<Pattern, int> seen;
-  for (int i = 0; i < kScheduleLength; ++i) seen[pattern_of(i)]++;
+  EXPECT_EQ(schedule_length(SuiteKind::Suite), 14);
+  for (int i = 0; i < schedule_length(SuiteKind::Suite); ++i) seen[pattern_of(i)]++;
   EXPECT_EQ(seen.size(), static_cast<size_t>(kPatternCount)) << "every pattern";
   EXPECT_EQ(seen[Pattern::SeedPrompt], 3) << "a seed change is the most common sequence";
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 56; ++i) {
     const Scenario s = make_scenario(3, i, params());
     ASSERT_EQ(s.pattern, pattern_of(i)) << s.name;
     ASSERT_EQ(s.trace.sequences.size(), 1u);
     const Sequence& seq = s.trace.sequences.front();
     EXPECT_EQ(seq.runs, static_cast<int>(seq.prompts.size())) << "prompts listed run by run";
-    const int want = s.pattern == Pattern::Rerun || s.pattern == Pattern::SeedPrompt || s.pattern == Pattern::LoraSwap
+    const Pattern p = s.pattern;
+    const int want = p == Pattern::Rerun || p == Pattern::SeedPrompt || p == Pattern::LoraSwap ||
+                             p == Pattern::ThreeSamplers  // one chained prompt
                          ? 1
-                     : s.pattern == Pattern::ThreeAlternating || s.pattern == Pattern::ThreeInterleaved ? 3
-                                                                                                          : 2;
+                     : p == Pattern::ThreeAlternating || p == Pattern::ThreeInterleaved || p == Pattern::AppearRepeat
+                         ? 3
+                         : 2;
     EXPECT_EQ(workflows(s), want) << s.name;
     EXPECT_GE(s.trace.machine.ram, 16ull << 30);
     EXPECT_LE(s.trace.machine.ram, 128ull << 30);
@@ -61,13 +65,70 @@ TEST(SimSuite, EveryPatternInTenConsecutiveScenariosSeedChangesMostOften) {
     EXPECT_EQ(s.trace.machine.headroom, derive_budget(s.trace.machine.ram, 0).headroom) << s.name;
     machines.insert(std::to_string(s.trace.machine.ram) + "/" + std::to_string(s.trace.machine.vram));
     for (const Model& m : s.trace.models) families.insert(m.name);
-    if (s.pattern == Pattern::Rerun)
+    if (p == Pattern::Rerun)
       for (int r = 1; r < seq.runs; ++r) EXPECT_EQ(seq.prompts[r], seq.prompts[0]) << s.name;
-    if (s.pattern == Pattern::TwoAlternating)
+    if (p == Pattern::TwoAlternating)
       for (int r = 2; r < seq.runs; ++r) EXPECT_EQ(seq.prompts[r], seq.prompts[r - 2]) << s.name;
+    const auto name = [&](int r) { return s.trace.prompts[static_cast<size_t>(seq.prompts[r])].name; };
+    if (p == Pattern::NewTextPairs || p == Pattern::EncoderPairs)
+      for (int r = 0; r < seq.runs; ++r) {
+        EXPECT_EQ(seq.prompts[r], seq.prompts[r - r % 2]) << s.name << ": in pairs";
+        EXPECT_NE(name(r).find("_full"), std::string::npos) << s.name << ": new text every prompt";
+      }
+    if (p == Pattern::EncoderPairs) {
+      // Two prompts, each with its own encoders and the same sampler.
+      ASSERT_EQ(s.trace.prompts.size(), 2u) << s.name;
+      const auto& a = s.trace.prompts[0].steps;
+      const auto& b = s.trace.prompts[1].steps;
+      std::vector<int> ma, mb;
+      for (const Step& st : a) ma.push_back(st.model);
+      for (const Step& st : b) mb.push_back(st.model);
+      EXPECT_NE(ma, mb) << s.name << ": another encoder";
+      EXPECT_EQ(a.back().model, b.back().model) << s.name << ": the same VAE";
+      EXPECT_EQ(a[a.size() - 2].model, b[b.size() - 2].model) << s.name << ": the same sampler";
+    }
+    if (p == Pattern::AppearRepeat)
+      for (int r = 1; r < seq.runs; ++r)
+        EXPECT_GE(name(r)[1], name(r - 1)[1]) << s.name << ": each workflow after the last";
   }
   EXPECT_GE(machines.size(), 10u) << "machines are drawn";
   EXPECT_GE(families.size(), 10u) << "models are drawn";
+}
+
+// The first ten patterns draw as they did before issue 39's four: a scenario
+// of the former suite (--suite-kind v1) is today's of the same index where the
+// two schedules agree.
+TEST(SimSuite, TheFormerSuiteIsDrawnAsBefore) {
+  EXPECT_EQ(schedule_length(SuiteKind::SuiteV1), 10);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_EQ(pattern_of(i, SuiteKind::SuiteV1), pattern_of(i));
+    Scenario v1 = make_scenario(2, i, params(), SuiteKind::SuiteV1), now = make_scenario(2, i, params());
+    EXPECT_EQ(v1.name, "v1-" + now.name);
+    v1.json.replace(v1.json.find(v1.name), v1.name.size(), now.name);
+    EXPECT_EQ(v1.json, now.json) << now.name;
+  }
+  EXPECT_EQ(pattern_of(12, SuiteKind::SuiteV1), pattern_of(2, SuiteKind::SuiteV1));
+}
+
+// Note [Simulator unseen sets]: other families, 8-128 GiB machines.
+TEST(SimSuite, UnseenSetsDrawOtherFamiliesAndSmallMachines) {
+  std::set<std::string> models;
+  uint64_t smallest = ~0ull;
+  for (int i = 0; i < 40; ++i) {
+    const Scenario s = make_scenario(1, i, params(), SuiteKind::Unseen);
+    ASSERT_EQ(s.pattern, pattern_of(i, SuiteKind::Unseen)) << s.name;
+    EXPECT_EQ(s.name.substr(0, 2), "u1") << s.name;
+    EXPECT_GE(s.trace.machine.ram, 8ull << 30);
+    EXPECT_LE(s.trace.machine.ram, 128ull << 30);
+    EXPECT_LE(s.trace.machine.vram, s.trace.machine.ram);
+    EXPECT_LE(s.trace.machine.other_ram, s.trace.machine.ram / 2) << s.name;
+    smallest = std::min(smallest, s.trace.machine.ram);
+    for (const Model& m : s.trace.models) models.insert(m.name.substr(0, m.name.find("_fp8")));
+  }
+  EXPECT_LE(smallest, 12ull << 30) << "small machines are drawn";
+  for (const char* m : {"hunyuan13b", "qwen_image", "hidream17b", "wan22_5b", "llama31_8b"})
+    EXPECT_EQ(models.count(m), 1u) << m;
+  EXPECT_EQ(models.count("sdxl_unet"), 0u) << "the suite's own families stay out";
 }
 
 // No replay reads less than the RAM bound (no policy holds more than RAM less

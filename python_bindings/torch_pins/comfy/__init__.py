@@ -36,8 +36,9 @@ function, Note [ComfyUI hook points], and the code that installs and removes
 them), ``versions`` (ComfyUI's version, its modules, the import hook for those
 it imports later), ``models`` (registration), ``casting`` with ``old_loader``,
 ``dynamic_vram`` and ``patches`` (the cast paths), ``lifecycle``, ``budget``,
-``writes`` (invalidation), ``loading`` (safetensors through ``pins.load_file``)
-and ``state`` (options, counters, log). Only the names below are its API.
+``writes`` (invalidation), ``loading`` (safetensors through ``pins.load_file``),
+``gguf`` (ComfyUI-GGUF's layers) and ``state`` (options, counters, log).
+Only the names below are its API.
 """
 import contextlib
 import os
@@ -179,16 +180,18 @@ def stats() -> Dict[str, Any]:
     """The integration's own counters: ``casts`` (served through pins by
     ``cast_bias_weight``), ``vbar_casts`` (by ``cast_to_gathered``; the
     factors of lowvram LoRA patches there: ``vbar_patch_casts``),
+    ``gguf_casts`` (ComfyUI-GGUF's weights and biases, Note [ComfyUI-GGUF]),
     ``fallback.<reason>``, ``patch_casts``, ``declined_pins``, ``invalidations``
     and ``invalidated_bytes``, ``ram_freed_bytes``, ``errors``, ``models``,
     ``loaded_files`` (read by ``pins.load_file`` for ``load_torch_file``) and
     ``load_fallback.<reason>`` (read by ComfyUI's loader); and
-    ``mode``, ``hooks``, ``missing``, ``failed``, ``awaited``. The cache's
-    counters are in ``pins.stats()``. While pins is off: ``enabled`` false and
-    ``why`` (never enabled, ``PINS_COMFY=0``, ``--disable-pinned-memory``, the
-    hooks that make pins serve casts missing, ``disable()``), with the
-    ``missing`` hook points and the modules that ``failed`` to import when
-    that is why."""
+    ``mode``, ``hooks``, ``missing``, ``failed``, ``awaited``. They count what
+    runs eagerly, not in a compiled model (Note [Bookkeeping under
+    torch.compile]); the cache's counters, in ``pins.stats()``, count every
+    cast. While pins is off: ``enabled`` false and ``why`` (never enabled,
+    ``PINS_COMFY=0``, ``--disable-pinned-memory``, the hooks that make pins
+    serve casts missing, ``disable()``), with the ``missing`` hook points and
+    the modules that ``failed`` to import when that is why."""
     state = current()
     if state is None:
         return {"enabled": False, **_off}

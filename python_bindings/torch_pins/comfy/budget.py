@@ -22,7 +22,7 @@ import torch
 import torch_pins as pins
 
 from .models import entry_of
-from .state import MAX_BYTES, Integration, current
+from .state import MAX_BYTES, Integration, count, current
 
 
 def _available_ram() -> Optional[int]:
@@ -43,7 +43,7 @@ def _relieve(state: Integration, need: float) -> int:
     if shortfall <= 0:
         return 0
     freed = int(pins.free_pins(shortfall))
-    state.count("ram_freed_bytes", freed)
+    count("ram_freed_bytes", freed)
     return freed
 
 
@@ -90,7 +90,7 @@ def wrap_free_pins(original):
         # The same tiers as ComfyUI's walk: pins' pins first, ComfyUI's own
         # (models pins does not serve) for the rest.
         ours = int(pins.free_pins(min(int(size), MAX_BYTES), evict_active, loaded))
-        state.count("ram_freed_bytes", ours)
+        count("ram_freed_bytes", ours)
         if ours >= size:
             return ours
         return ours + original(size - ours, *args, **kwargs)
@@ -128,7 +128,7 @@ def wrap_pin_registerable(original):
             over = float(getattr(mm, "TOTAL_PINNED_MEMORY", 0)) + pins.locked_bytes() + size - cap
             if over > 0:
                 freed = int(pins.free_pins(min(int(over), MAX_BYTES), evict_active))
-                state.count("ram_freed_bytes", freed)
+                count("ram_freed_bytes", freed)
         bound["size"] = size
         return original(**bound)
     return ensure_pin_registerable
@@ -160,7 +160,7 @@ def wrap_pin_weight(original):
             device = getattr(self, "load_device", None)
             if entry is not None and (state.options["cpu_targets"] or torch.device(device).type != "cpu"):
                 # pins' pin of this weight is its one pinned copy, in pins' budget.
-                state.count("declined_pins")
+                count("declined_pins")
                 return None
         return original(self, key, *args, **kwargs)
     return pin_weight_to_device

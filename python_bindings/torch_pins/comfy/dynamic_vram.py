@@ -29,7 +29,7 @@ import torch_pins as pins
 
 from . import casting, patches
 from .. import _subclass
-from .state import Integration, current
+from .state import Integration, count, current, log_once
 
 
 def _serves_layer(state: Integration, module: Any) -> bool:
@@ -108,11 +108,11 @@ def wrap_pin_memory(original):
     def pin_memory(module, subset="weights", *args, **kwargs):
         state = current()
         if state is not None and _serves_patch(state, module, subset):
-            state.count("declined_pins")
+            count("declined_pins")
             return None
         if state is not None and _serves_layer(state, module):
             state.vbar.module, state.vbar.subset, state.vbar.wanted = module, subset, True
-            state.count("declined_pins")
+            count("declined_pins")
             return None
         return _comfy_pin_call(state, original, module, subset, *args, **kwargs)
     return pin_memory
@@ -155,7 +155,7 @@ def _vbar_cast(state: Integration, tensors: Any, r: Any, r2: Any, non_blocking: 
                                             entry.pins_id, "weights", resident)
             for (_, view), part in zip(present, cast):
                 view.copy_(part, non_blocking=non_blocking)
-            state.count("gathered")
+            count("gathered")
         else:
             for t, view in present:
                 pins.cast_to_device(t, view.device, None, non_blocking, entry.pins_id, "weights", resident, None,
@@ -200,18 +200,18 @@ def wrap_cast_to_gathered(original):
             return original(tensors, r, non_blocking=non_blocking, stream=stream, r2=r2)
         try:
             if _patch_cast(state, tensors, r, r2, non_blocking, stream):
-                state.count("vbar_patch_casts")
+                count("vbar_patch_casts")
                 return None
             why = _vbar_cast(state, tensors, r, r2, non_blocking, stream)
         except Exception as e:
-            state.count("errors")
-            state.log_once(logging.WARNING, f"pins: vbar cast through pins failed, ComfyUI casts "
-                                            f"instead: {type(e).__name__}: {e}")
+            count("errors")
+            log_once(logging.WARNING, f"pins: vbar cast through pins failed, ComfyUI casts "
+                                      f"instead: {type(e).__name__}: {e}")
             why = "error"
         if why is None:
-            state.count("vbar_casts")
+            count("vbar_casts")
             return None
         if why != "vbar-no-layer":  # not a layer's weights (a patch, ComfyUI's own pin): not counted
-            state.count(f"fallback.{why}")
+            count(f"fallback.{why}")
         return original(tensors, r, non_blocking=non_blocking, stream=stream, r2=r2)
     return cast_to_gathered

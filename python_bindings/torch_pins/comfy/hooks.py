@@ -19,12 +19,13 @@ not ComfyUI's: the cast falls back to the original, the error is counted
 import sys
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from . import budget, dynamic_vram, lifecycle, loading, models, old_loader, patches, versions, writes
+from . import budget, dynamic_vram, gguf, lifecycle, loading, models, old_loader, patches, versions, writes
 from .state import Integration, current, enable_lock, log
 
 # The ComfyUI releases the tests run against (tests/python/test_comfy.py).
 BOTH = "0.3.64, 0.33"
 NEWER = "0.33"
+GGUF = "0.3.64, 0.33 with ComfyUI-GGUF 795e451"  # the custom node, at the commit the tests ran
 
 
 class HookPoint(NamedTuple):
@@ -38,6 +39,9 @@ class HookPoint(NamedTuple):
     releases: str   # the tested ComfyUI releases that have it
     does: str       # what pins does there
     option: str = ""  # the enable() option it needs on
+    # For a custom node's module, which ComfyUI imports under its path: finds
+    # it where it is imported (None: not loaded, which is no miss).
+    locate: Optional[Callable[[], Any]] = None
 
     @property
     def name(self) -> str:
@@ -59,7 +63,8 @@ MP, MM = "comfy.model_patcher", "comfy.model_management"
 TABLE: Tuple[HookPoint, ...] = (
     HookPoint(MP, "ModelPatcher", "__init__", models.wrap_patcher_init, "register", BOTH,
               "registers a pins model per weight module (clones share it), named after its class, with the "
-              "patcher's load device and `model_size()`; forgotten when the module is garbage collected"),
+              "patcher's load device and its weights' bytes (ComfyUI's cached size, else counted by pins: never "
+              "`model_size()`, whose result ComfyUI keeps); forgotten when the module is garbage collected"),
     HookPoint("comfy.ops", "", "cast_bias_weight", old_loader.wrap_cast_bias_weight, "cast", BOTH,
               "old loader: a registered module's CPU weight and bias go to the device through pins, in one pin "
               "and one transfer when they share a dtype, on ComfyUI's offload stream where ComfyUI copies on one "
@@ -118,6 +123,16 @@ TABLE: Tuple[HookPoint, ...] = (
     _load("comfy.utils"),
     _load("comfy.clip_vision"),
     _load("comfy.bg_removal_model"),
+    HookPoint("nodes", "", "load_custom_node", lambda original: gguf.wrap_load_custom_node(original, install_all),
+              "load", BOTH, "after ComfyUI loads a custom node: the hooks of ComfyUI-GGUF's below go in if it was "
+              "that node"),
+    HookPoint(gguf.NAME, "GGMLLayer", "cast_bias_weight", gguf.wrap_layer_cast, "cast", GGUF,
+              "ComfyUI-GGUF: marks, for this thread, the layer of a registered model whose weight and bias the "
+              "cast moves", locate=gguf.find_ops),
+    HookPoint(gguf.NAME, "GGMLTensor", "to", gguf.wrap_tensor_to, "cast", GGUF,
+              "within that cast, the layer's weight and bias (quantized or F16/F32) go to the device through pins "
+              "and come back as `GGMLTensor.to` gives them (`tensor_type`, `tensor_shape`, patch list); ComfyUI-GGUF "
+              "dequantizes them as without pins", locate=gguf.find_ops),
 )
 
 
@@ -180,7 +195,9 @@ def install_all(state: Integration) -> None:
                 attr, name = "execute", "execution.PromptExecutor.execute"
                 if name in state.hooks:
                     continue
-        module = versions.import_module(state, module_name)
+        module = point.locate() if point.locate is not None else versions.import_module(state, module_name)
+        if module is None and point.locate is not None:
+            continue  # a custom node that is not loaded (yet): no miss
         if module is None:
             if module_name not in state.failed and module_name not in state.awaited:
                 if module_name not in versions.OPTIONAL_MODULES:

@@ -19,7 +19,7 @@ from typing import Optional
 import torch_pins as pins
 
 from .models import entry_of, map_modules, patchers, register
-from .state import MAX_BYTES, Integration, current, log
+from .state import MAX_BYTES, Integration, count, current, log
 
 
 def wrap_load_models_gpu(original):
@@ -72,8 +72,8 @@ def wrap_unload_all(original):
             for i in ids:
                 _set_inactive(i)
             freed = int(pins.free_pins(MAX_BYTES, True))
-            state.count("ram_freed_bytes", freed)
-            state.count("unload_all")
+            count("ram_freed_bytes", freed)
+            count("unload_all")
         return result
     return unload_all_models
 

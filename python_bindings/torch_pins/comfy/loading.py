@@ -44,7 +44,7 @@ import torch
 
 import torch_pins as pins
 
-from .state import Integration, current
+from .state import Integration, count, current, log_once
 
 
 def _safetensors_header(path: str) -> Dict[str, Any]:
@@ -75,8 +75,8 @@ def _load_file(state: Integration, path: Any, device: Any, return_metadata: bool
         sd = pins.load_file(path)
         header = _safetensors_header(path) if aimdo or return_metadata else {}
     except Exception as e:  # noqa: BLE001  (refused, unreadable: ComfyUI's loader, and its error, decide)
-        state.log_once(logging.INFO, f"pins: pins cannot load {path} ({type(e).__name__}: {e}); "
-                                     f"ComfyUI's loader reads it")
+        log_once(logging.INFO, f"pins: pins cannot load {path} ({type(e).__name__}: {e}); "
+                               f"ComfyUI's loader reads it")
         return "refused"
     known = getattr(utils, "_TYPES", None) if aimdo else None
     if isinstance(known, dict) and any(isinstance(v, dict) and v.get("dtype") not in known
@@ -111,9 +111,9 @@ def wrap_load_torch_file(original):
             loaded = _load_file(state, bound.get(path_param), bound.get("device"),
                                 bool(bound.get("return_metadata", False)))
         if isinstance(loaded, str):
-            state.count(f"load_fallback.{loaded}")
+            count(f"load_fallback.{loaded}")
             return original(*args, **kwargs)
-        state.count("loaded_files")
+        count("loaded_files")
         return loaded
     load_torch_file._pins_wraps = original
     return load_torch_file

@@ -15,7 +15,8 @@ import torch
 
 import torch_pins as pins
 
-from .state import Integration, ModelEntry, current
+from .. import _subclass
+from .state import Integration, ModelEntry, count, current, log_once
 
 
 def _forget(key: int, pins_id: int) -> None:
@@ -27,7 +28,7 @@ def _forget(key: int, pins_id: int) -> None:
     try:
         pins.forget_model(pins_id)
     except Exception as e:  # during interpreter shutdown the library may be gone
-        state.log_once(logging.DEBUG, f"pins: forget_model({pins_id}) failed: {e}")
+        log_once(logging.DEBUG, f"pins: forget_model({pins_id}) failed: {e}")
 
 
 def register(state: Integration, patcher: Any) -> Optional[ModelEntry]:
@@ -47,8 +48,8 @@ def register(state: Integration, patcher: Any) -> Optional[ModelEntry]:
             pins_id = pins.register_model(name, device, fast_disk=state.options["fast_disk"],
                                           size=_model_size(patcher))
         except Exception as e:
-            state.count("errors")
-            state.log_once(logging.WARNING, f"pins: cannot register {name} on {device}: {e}")
+            count("errors")
+            log_once(logging.WARNING, f"pins: cannot register {name} on {device}: {e}")
             return None
         entry = ModelEntry(pins_id, name, module)
         entry.finalizer = weakref.finalize(module, _forget, id(module), pins_id)
@@ -59,14 +60,31 @@ def register(state: Integration, patcher: Any) -> Optional[ModelEntry]:
 
 
 def _model_size(patcher: Any) -> int:
-    """The bytes of the patcher's weights (ModelPatcher.model_size(), cached by
-    ComfyUI), which size pins' prewarm before the model's first prompt; 0 when
-    this ComfyUI or stand-in has none."""
-    try:
-        size = patcher.model_size()
-    except Exception:  # an older ModelPatcher, a stand-in, a module without a state_dict
+    """The bytes of the patcher's weights, which size pins' prewarm before the
+    model's first prompt: ComfyUI's own ``ModelPatcher.size`` where it has
+    computed it, else counted here from the module's parameters and
+    persistent buffers (the inner tensors of a wrapper subclass). Never
+    ``model_size()``: ComfyUI keeps what that computes, and 0.33 makes a
+    diffusion model's patcher before it loads the weights, so it would keep
+    the empty model's size (and its quantized ops log a warning each when
+    their state_dict is asked for before then). pins changes nothing ComfyUI
+    computes about its models; the prewarm of such a model's first prompt
+    sees the empty model's bytes."""
+    size = getattr(patcher, "size", 0)
+    if isinstance(size, int) and not isinstance(size, bool) and 0 < size < (1 << 63):
+        return size
+    module = getattr(patcher, "model", None)
+    if not isinstance(module, torch.nn.Module):
         return 0
-    return size if isinstance(size, int) and not isinstance(size, bool) and 0 <= size < (1 << 63) else 0
+    total = 0
+    for m in module.modules():
+        tensors = list(m._parameters.values())
+        tensors += [b for n, b in m._buffers.items() if n not in m._non_persistent_buffers_set]
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                leaves = _subclass.inner_tensors(t) if _subclass.is_wrapper(t) else [t]
+                total += sum(x.nbytes for x in leaves)
+    return min(total, (1 << 63) - 1)
 
 
 def entry_of(state: Integration, patcher: Any) -> Optional[ModelEntry]:

@@ -22,7 +22,7 @@ import torch_pins as pins
 
 from . import casting, patches
 from .. import _subclass
-from .state import current
+from .state import count, current, log_once
 
 
 def _cast_one(source, device, dtype, non_blocking, model):
@@ -95,7 +95,7 @@ def _cast_module(state, plan):
     plain = not _subclass.is_wrapper(weight) and not (bias is not None and _subclass.is_wrapper(bias))
     if bias is not None and plain and state.options["gather"] and bias_dtype == dtype:
         w, b = pins.cast_many_to_device([weight, bias], device, dtype, non_blocking, model)
-        state.count("gathered")
+        count("gathered")
     else:
         w = _cast_one(weight, device, dtype, non_blocking, model)
         b = _cast_one(bias, device, bias_dtype, non_blocking, model) if bias is not None else None
@@ -134,16 +134,16 @@ def wrap_cast_bias_weight(original):
                 with casting.stream_context(stream):
                     cast = _cast_module(state, cast)
         except Exception as e:
-            state.count("errors")
-            state.log_once(logging.WARNING, f"pins: cast through pins failed, ComfyUI casts instead: "
-                                            f"{type(e).__name__}: {e}")
+            count("errors")
+            log_once(logging.WARNING, f"pins: cast through pins failed, ComfyUI casts instead: "
+                                      f"{type(e).__name__}: {e}")
             cast = "error"
         if isinstance(cast, str):
-            state.count(f"fallback.{cast}")
+            count(f"fallback.{cast}")
             return original(s, input, dtype, device, bias_dtype, *args, **kwargs)
-        state.count("casts")
+        count("casts")
         if stream is not None:
-            state.count("offload_stream_casts")
+            count("offload_stream_casts")
             sync = getattr(sys.modules.get("comfy.model_management"), "sync_stream", None)
             if sync is not None:
                 sync(cast.weight.device, stream)

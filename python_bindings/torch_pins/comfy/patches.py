@@ -17,7 +17,7 @@ import torch_pins as pins
 
 from . import casting
 from .. import _subclass
-from .state import MASK63, Integration, ModelEntry, current
+from .state import MASK63, Integration, ModelEntry, count, current, log_once
 
 
 def signature(entry: ModelEntry, functions: List[Any]) -> int:
@@ -65,10 +65,10 @@ def wrap_patch_cast(original):
             out = pins.cast_to_device(tensor, device, dtype, casting.non_blocking(device), ctx.model, "patches",
                                       True, ctx.signature)
         except Exception as e:
-            state.count("errors")
-            state.log_once(logging.WARNING, f"pins: patch cast through pins failed: "
-                                            f"{type(e).__name__}: {e}")
+            count("errors")
+            log_once(logging.WARNING, f"pins: patch cast through pins failed: "
+                                      f"{type(e).__name__}: {e}")
             return original(tensor, device, dtype, copy)
-        state.count("patch_casts")
+        count("patch_casts")
         return out
     return cast_to_device

@@ -3,7 +3,24 @@ the hooks in, the models registered, the thread-local context of a cast, the
 counters of :func:`stats` and the log. One :class:`Integration` exists between
 ``enable()`` and ``disable()``; every hook reads it through :func:`current`
 at each call, so a hook left in by another copy of a function does nothing
-once the integration is off."""
+once the integration is off.
+
+Note [Bookkeeping under torch.compile]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A cast hook runs inside the model's forward, which ComfyUI's TorchCompileModel
+compiles: Dynamo traces the hook, and what it reads there becomes a guard of
+the compiled frame. A counter read and written while tracing
+(``counters['gathered'] == 37``) made every call recompile, until the frame
+hit Dynamo's recompile limit and ran eagerly. So :func:`count` and
+:func:`log_once` do nothing while Dynamo traces (``is_compiling()``, as
+ComfyUI's own bookkeeping in ``comfy.ops.run_every_op``): the integration's
+counters count the casts made eagerly, and ``pins.stats()`` (kept by the op,
+in C++) counts every cast, compiled or not. Dynamo's
+``reorderable_logging_functions`` would replay them after the graph, but it
+drops calls made in functions Dynamo inlines, which every hook is. What a hook
+reads besides (the options, a module's registration) changes only with
+enable() and disable(), or with the model, and a recompile then is one
+without pins too."""
 import logging
 import threading
 import weakref
@@ -68,18 +85,27 @@ class Integration:
         self.prompt_open = False
         self.mode = "old-loader"
 
-    def count(self, key: str, n: int = 1) -> None:
-        self.counters[key] = self.counters.get(key, 0) + n
-
-    def log_once(self, level: int, message: str) -> None:
-        if message not in self.logged:
-            self.logged.add(message)
-            log.log(level, "%s", message)
-
 
 _current: Optional[Integration] = None
 # Held by enable(), disable() and the installs of awaited modules.
 enable_lock = threading.RLock()
+
+
+def count(key: str, n: int = 1) -> None:
+    """Adds ``n`` to the counter ``key`` of the integration enabled now;
+    nothing while Dynamo traces (Note [Bookkeeping under torch.compile])."""
+    state = _current
+    if state is not None and not torch.compiler.is_compiling():
+        state.counters[key] = state.counters.get(key, 0) + n
+
+
+def log_once(level: int, message: str) -> None:
+    """Logs ``message`` the first time it comes while enabled (not while
+    Dynamo traces)."""
+    state = _current
+    if state is not None and not torch.compiler.is_compiling() and message not in state.logged:
+        state.logged.add(message)
+        log.log(level, "%s", message)
 
 
 def current() -> Optional[Integration]:

@@ -15,9 +15,15 @@ from typing import Any, Callable, Optional
 from .state import Integration, current, log
 
 # Modules whose absence is a fact of the ComfyUI release, not worth a warning.
-OPTIONAL_MODULES = {"comfy.pinned_memory", "comfy.clip_vision", "comfy.bg_removal_model", "comfy.model_prefetch"}
+OPTIONAL_MODULES = {"comfy.pinned_memory", "comfy.clip_vision", "comfy.bg_removal_model", "comfy.model_prefetch",
+                    "nodes"}
 # Modules never imported from here: ComfyUI imports them, and their hooks wait.
 AWAITED_MODULES = {"execution"}
+# Modules hooked only where they are imported already, never imported nor
+# awaited from here: ComfyUI's ``nodes`` (importing it loads every built-in
+# node); it is there before a custom node can call enable(), and an enable()
+# made earlier finds it when ``execution`` arrives.
+PRESENT_MODULES = {"nodes"}
 
 
 def comfy_version() -> str:
@@ -38,6 +44,8 @@ def import_module(state: Integration, name: str) -> Any:
         return module
     if name in AWAITED_MODULES:
         state.awaited.add(name)
+        return None
+    if name in PRESENT_MODULES:
         return None
     try:
         return importlib.import_module(name)

@@ -11,7 +11,7 @@ import torch_pins as pins
 
 from .. import _subclass
 from .casting import is_cpu
-from .state import Integration, current
+from .state import Integration, count, current
 
 
 def _invalidate(state: Integration, tensor: Any) -> None:
@@ -23,8 +23,8 @@ def _invalidate(state: Integration, tensor: Any) -> None:
         return
     for t in leaves:
         if is_cpu(t):
-            state.count("invalidations")
-            state.count("invalidated_bytes", int(pins.invalidate(t)))
+            count("invalidations")
+            count("invalidated_bytes", int(pins.invalidate(t)))
 
 
 def _attr(obj: Any, path: str) -> Any:

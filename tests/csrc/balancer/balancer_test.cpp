@@ -319,6 +319,57 @@ TEST(BalancerPolicy, TraceGivesAFirstSeenModelsLoadedLayersNoWeightPin) {
   }
 }
 
+// Note [First-seen models]: the rule spares only the last prompt's workflow.
+// a ran, then b twice; a new model c's loaded layer takes a
+// pin of a, which has not run since, under the trace (mru takes b's, the most
+// recently loaded).
+TEST(BalancerPolicy, TraceLetsAFirstSeenModelTakeThePinsOfAWorkflowThatHasNotRunSince) {
+  for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
+    SCOPED_TRACE(to_string(policy));
+    Fixture f(4, policy_config(policy));
+    const ModelId a = f.bal.register_model("a", "cuda:0");
+    const ModelId b = f.bal.register_model("b", "cuda:0");
+    const ModelId c = f.bal.register_model("c", "cuda:0");
+    f.prompt(a, {1, 2, 3});
+    f.prompt(b, {4});
+    f.prompt(b, {4});
+    f.bal.mark_prompt({c});
+    EXPECT_TRUE(f.cast(f.req(c, 10, Kind::Weights, true)));
+    EXPECT_EQ(f.count(a, Subset::Weights), policy == PolicyKind::Trace ? 2 : 3);
+    EXPECT_EQ(f.count(b, Subset::Weights), policy == PolicyKind::Trace ? 1 : 0);
+    f.bal.end_prompt();
+  }
+}
+
+// Note [Rule checks] for Note [First-seen models]: b, new after a's loop, is
+// refused its loaded layer to spare a; then b runs again before a: the rule was
+// wrong, and it stops. When a new model c comes after another loop d, its
+// loaded layer is pinned.
+TEST(BalancerPolicy, TraceStopsSparingAWorkflowForNewModelsThatRepeat) {
+  Fixture f(3, policy_config(PolicyKind::Trace));
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  const ModelId c = f.bal.register_model("c", "cuda:0");
+  const ModelId d = f.bal.register_model("d", "cuda:0");
+  const auto load = [&](ModelId m, uint64_t key) {
+    f.bal.mark_prompt({m});
+    const bool pinned = f.cast(f.req(m, key, Kind::Weights, true));
+    f.bal.end_prompt();
+    return pinned;
+  };
+  f.prompt(a, {1, 2, 3});
+  f.prompt(a, {1, 2, 3});
+  EXPECT_FALSE(load(b, 10)) << "first seen: a, a loop, is spared";
+  EXPECT_EQ(f.bal.stats().rule_first_seen_wrong, 0);
+  load(b, 10);  // b again, before a
+  EXPECT_EQ(f.bal.stats().rule_first_seen_wrong, 1);
+  // A loop d then holds every pin; c, new after it, is not refused: the rule stopped.
+  f.prompt(d, {31, 32, 33});
+  f.prompt(d, {31, 32, 33});
+  EXPECT_TRUE(load(c, 20)) << "the rule stopped: c's loaded layer takes a pin of d";
+  EXPECT_EQ(f.count(d, Subset::Weights), 2);
+}
+
 // Note [Cached conditioning]: an encoder e (one layer), a sampler s (one
 // streamed layer, `passes` steps) and a VAE v (two layers that stay on the
 // device), room for three pins. In the rerun, once the sampler looped, the
