@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test-platforms: the builds for platforms and torch releases other than
 # make test's: the torch layer built for a second torch release (2.14.1) and its
-# op tests in short form, the release wheel carrying builds for 2.13 and 2.14
+# op tests in short form, the install from the source package (its wheel, the
+# CMake package and the C++ app against it), the release wheel carrying builds for 2.13 and 2.14
 # installed without a compiler, the hip (AMD GPU) backend compiled against ROCm 5.2 and
 # contract-tested without a device, and the torch-free core cross-compiled for
 # Windows and run under wine. Ends with one summary line.
@@ -11,12 +12,20 @@ cd "$root"
 mkdir -p build/test-results
 step_start=$SECONDS
 took() { echo "time $1: $((SECONDS - step_start)) s"; step_start=$SECONDS; }
-rm -f build/test-results/{pytest-torch-2.14,release-wheels,hip,windows}.xml
+rm -f build/test-results/{pytest-torch-2.14,install,release-wheels,hip,windows}.xml
 # A second torch release in short form (docs/RELEASES.md): the torch layer built
 # for torch 2.14.1 and the op's tests run under it.
 bash scripts/check_release.sh build/test-results/pytest-torch-2.14.xml
 release_rc=$?
 took "torch 2.14"
+# The install from a clean copy of the tree (tests/python/test_install.py): the
+# source package built natively against .venv's torch, its wheel in a venv of
+# its own, the release wheel packed from that build, and the installed CMake
+# package with the C++ app (examples/cpp_app) built against it.
+.venv/bin/python -m pytest -q tests/python/test_install.py --junitxml=build/test-results/install.xml \
+  -o junit_suite_name=install
+install_rc=$?
+took "install"
 # The release wheel in a heavier form than make test's (docs/RELEASES.md, "Making
 # a release"): the builds for torch 2.13 (CPU, .venv's) and 2.14.1 (CUDA, the
 # venv above) in one wheel, auditwheel, each installed into a fresh venv with no
@@ -48,7 +57,7 @@ PINS_WINDOWS_JUNIT=build/test-results/windows.xml bash scripts/check_windows.sh
 windows_rc=$?
 took "windows"
 .venv/bin/python scripts/summarize_tests.py build/test-results/pytest-torch-2.14.xml \
-  build/test-results/release-wheels.xml build/test-results/hip.xml \
+  build/test-results/install.xml build/test-results/release-wheels.xml build/test-results/hip.xml \
   build/test-results/windows.xml
 sum_rc=$?
-[ $release_rc -eq 0 ] && [ $wheels_rc -eq 0 ] && [ $hip_rc -eq 0 ] && [ $windows_rc -eq 0 ] && [ $sum_rc -eq 0 ]
+[ $release_rc -eq 0 ] && [ $install_rc -eq 0 ] && [ $wheels_rc -eq 0 ] && [ $hip_rc -eq 0 ] && [ $windows_rc -eq 0 ] && [ $sum_rc -eq 0 ]

@@ -1,4 +1,6 @@
-"""An install from a fresh clone into another prefix and another venv: the
+"""An install from a fresh clone into another prefix and another venv (make
+test-platforms runs it; make test checks the release wheel of its own build in
+short form, test_wheel_install.py): the
 source package (sdist) built from the clone, unpacked into a clean folder and
 built there by `pip wheel --no-build-isolation` against the venv's torch; the
 wheel runs the README's Python examples in a venv of its own (its casts through
