@@ -576,11 +576,17 @@ def main() -> int:
     parser.add_argument("--work", default=os.path.join(ROOT, "build-release"),
                         help="the staged builds, the wheel's raw form and the check venvs (default build-release)")
     args = parser.parse_args()
+    # Absolute: steps run in other folders (the sdist is made in the copy of the tree).
+    args.venvs = os.path.abspath(args.venvs)
     try:
         release(args, parser)
     except SystemExit as e:
         if args.junit:
             write_junit(args.junit, str(e))
+        raise
+    except Exception as e:  # a crash is a failed check too, in the report as in the exit status
+        if args.junit:
+            write_junit(args.junit, f"{type(e).__name__}: {e}")
         raise
     if args.junit:
         write_junit(args.junit, None)
