@@ -75,4 +75,4 @@ if [ -n "${COMFYUI_GGUF:-}" ]; then
     echo "ComfyUI-GGUF $(git -C "$dest/custom_nodes/ComfyUI-GGUF" rev-parse --short HEAD) in $dest/custom_nodes"
 fi
 echo "ComfyUI $(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$dest/comfyui_version.py" 2>/dev/null) in $dest"
-echo "run: COMFYUI_PATH=$dest $python -m pytest tests/python/test_comfy.py"
+echo "run: COMFYUI_PATH=$dest $python -m pytest tests/python/test_comfy.py tests/python/test_comfy_switches_comfyui.py"
