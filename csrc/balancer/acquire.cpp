@@ -126,8 +126,7 @@ Balancer::Admitted Balancer::admit(const Request& r, Subset target, uint64_t set
     out.block = adopt(out.grant, lock_for());
     return out;
   }
-  // Reserves r.bytes. Note [Cap budget]: a shared segment's block is no pool commit.
-  const bool budget = ensure_budget(r.bytes, Asker{r.model, target, &r.key}, mi, settled_at_read, !out.grant);
+  const bool budget = ensure_budget(r.bytes, Asker{r.model, target, &r.key}, mi, settled_at_read);  // reserves r.bytes
   if (budget) {
     const bool lock = lock_for();
     out.block = out.grant ? adopt(out.grant, lock) : pool_.try_allocate(r.bytes, lock);
