@@ -240,7 +240,9 @@ void HostShare::detach() {
   if (!im.lock()) {
     // Note [Bounded index lock]: the index is closed all the same, which
     // drops this slot's lock; the next process that looks reclaims the slot.
-    std::unique_lock<std::timed_mutex> g(im.mu, std::chrono::nanoseconds(im.lock_wait_ns));
+    // On the system clock, as in Impl::lock() (ThreadSanitizer).
+    std::unique_lock<std::timed_mutex> g(im.mu, std::chrono::system_clock::now() +
+                                                    std::chrono::nanoseconds(im.lock_wait_ns));
     if (!g.owns_lock() || !im.usable()) return;  // another thread of this process is stuck too: exit closes it
     close_index(im);
     return;

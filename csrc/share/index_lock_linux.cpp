@@ -68,8 +68,13 @@ bool HostShare::Impl::usable() const { return !detached && pid == getpid(); }
 
 bool HostShare::Impl::lock() {
   const bool patient = !stuck.load(std::memory_order_relaxed);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(patient ? lock_wait_ns : 0);
-  if (!mu.try_lock_until(deadline)) {
+  const auto wait = std::chrono::nanoseconds(patient ? lock_wait_ns : 0);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  // The thread lock's bound on the system clock: libstdc++ waits for a steady
+  // one with pthread_mutex_clocklock, which ThreadSanitizer (GCC 12) does not
+  // see, so it reports every unlock after it; pthread_mutex_timedlock it sees.
+  // The file lock's bound, below, stays on the steady clock.
+  if (!mu.try_lock_until(std::chrono::system_clock::now() + wait)) {
     lock_timeouts.fetch_add(1, std::memory_order_relaxed);
     return false;
   }

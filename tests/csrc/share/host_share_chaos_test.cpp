@@ -82,6 +82,8 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
   const bool mounted = env_or("PINS_CHAOS_NO_MOUNT", 0) == 0 &&
                        mount("tmpfs", root.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0700") == 0;
   const std::string full_flag = root + "-full";
+  // Declared before the guard below, so that it outlives it.
+  std::vector<Worker> workers(4);
   // Also when an assertion ends the test early: no worker, mount or file is
   // left (in /dev/shm or /tmp).
   struct Leftovers {
@@ -103,7 +105,7 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
       fs::remove(full_flag, ec);
       fs::remove(file, ec);
     }
-  } leftovers{root, full_flag, file, mounted};
+  } leftovers{root, full_flag, file, mounted, &workers};
   std::printf("ShareChaos: the tmpfs is filled %s\n", mounted ? "for real (a tmpfs of its own)"
                                                                : "through the reservation seam (no mount allowed)");
   int fillers = 0;
@@ -206,8 +208,6 @@ TEST(ShareChaos, RandomKillsNeverServeAWrongByteNorLeaveFiles) {
     close(w.progress);
   };
 
-  std::vector<Worker> workers(4);
-  leftovers.workers = &workers;
   for (Worker& w : workers) {
     spawn(w);
     workers_of.push_back(&w);
