@@ -16,82 +16,23 @@
 #include "csrc/files/mapped.h"
 #include "csrc/runtime/runtime.h"
 #include "tests/csrc/share/chaos_pattern.h"
+#include "tests/csrc/share/share_file_test.h"
 
 namespace pins {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint64_t kLayer = 256 * 1024;
-constexpr uint64_t kLayers = 4;
-
-class ShareBalancer : public ::testing::Test {
+class ShareBalancer : public ShareFileTest {
  protected:
-  void SetUp() override {
-    std::string root = (fs::is_directory("/dev/shm") ? std::string("/dev/shm") : fs::temp_directory_path().string()) +
-                       "/pins-share-bal-XXXXXX";
-    ASSERT_NE(mkdtemp(root.data()), nullptr);
-    root_ = root;
-    dir_ = root_ + "/pins-" + std::to_string(geteuid());
-    path_ = (fs::temp_directory_path() / ("pins-share-bal-" + std::to_string(getpid()) + ".bin")).string();
-    std::vector<char> buf(kLayers * kLayer);
-    testing::chaos_fill(buf.data(), 0, buf.size());
-    const int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::write(fd, buf.data(), buf.size()), static_cast<ssize_t>(buf.size()));
-    ::close(fd);
-    file_ = files::MappedFile::open(path_);
-  }
-  void TearDown() override {
-    file_.reset();
-    fs::remove(path_);
-    fs::remove_all(root_);
-  }
-
-  std::unique_ptr<Runtime> runtime(bool share = true) {
-    Config c;
-    c.share = share;
-    c.share_dir = root_;
-    c.backend = BackendKind::Cpu;
-    c.monitor = false;
-    c.prewarm = false;
-    c.headroom = 0;
-    c.pin_reserve = 0;
-    return std::make_unique<Runtime>(c);
-  }
-
-  Request request(ModelId m, uint64_t layer) const {
-    Request r;
-    r.model = m;
-    r.key = PinKey{7, layer * kLayer, kLayer, 0};
-    r.bytes = kLayer;
-    r.data = file_->data() + layer * kLayer;
-    return r;
-  }
-
-  // A cast as ops/cast_path.cpp makes it; true when the bytes it got are the file's.
+  ShareBalancer() : ShareFileTest("pins-share-bal") {}
+  std::unique_ptr<Runtime> runtime(bool share = true) const { return runtime_in(root_, share); }
+  // True when the bytes the cast got are the file's.
   static bool cast(Balancer& bal, const Request& r, bool* filled = nullptr) {
-    Lease l = bal.acquire(r);
-    if (filled != nullptr) *filled = l && l.needs_fill();
-    if (l && l.needs_fill()) {
-      if (!files::fill_from_file(r.data, r.bytes, l.data(), 1, l.shared_fill()))
-        std::memcpy(l.data(), r.data, r.bytes);
-      l.filled();
-    }
-    std::vector<char> out(r.bytes);
-    std::memcpy(out.data(), l ? l.data() : r.data, r.bytes);
+    const std::vector<char> out = cast_bytes(bal, r, filled);
     return testing::first_wrong_byte(out.data(), r.key.offset, r.bytes) == r.bytes;
   }
-
-  size_t segments() const {
-    if (!fs::is_directory(dir_)) return 0;
-    size_t n = 0;
-    for (const auto& e : fs::directory_iterator(dir_)) n += e.path().filename().string().rfind("seg-", 0) == 0;
-    return n;
-  }
-
-  std::string root_, dir_, path_;
-  std::shared_ptr<files::MappedFile> file_;
+  size_t segments() const { return segments_in(dir_); }
 };
 
 TEST_F(ShareBalancer, SecondRuntimeJoinsWhatTheFirstFilled) {

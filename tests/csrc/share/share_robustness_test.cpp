@@ -27,6 +27,7 @@
 #include "csrc/runtime/runtime.h"
 #include "csrc/share/host_share.h"
 #include "tests/csrc/share/chaos_pattern.h"
+#include "tests/csrc/share/share_file_test.h"
 
 namespace pins {
 namespace {
@@ -34,78 +35,15 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kLayer = 256 * 1024;
-constexpr uint64_t kLayers = 4;
-
-class ShareRobustness : public ::testing::Test {
+class ShareRobustness : public ShareFileTest {
  protected:
-  void SetUp() override {
-    std::string root = (fs::is_directory("/dev/shm") ? std::string("/dev/shm") : fs::temp_directory_path().string()) +
-                       "/pins-share-rob-XXXXXX";
-    ASSERT_NE(mkdtemp(root.data()), nullptr);
-    root_ = root;
-    dir_ = root_ + "/pins-" + std::to_string(geteuid());
-    path_ = (fs::temp_directory_path() / ("pins-share-rob-" + std::to_string(getpid()) + ".bin")).string();
-    std::vector<char> buf(kLayers * kLayer);
-    testing::chaos_fill(buf.data(), 0, buf.size());
-    const int fd = ::open(path_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::write(fd, buf.data(), buf.size()), static_cast<ssize_t>(buf.size()));
-    ::close(fd);
-    file_ = files::MappedFile::open(path_);
-  }
-  void TearDown() override {
-    file_.reset();
-    fs::remove(path_);
-    fs::remove_all(root_);
-  }
-
-  std::unique_ptr<Runtime> runtime(const std::string& share_dir) const {
-    Config c;
-    c.share = true;
-    c.share_dir = share_dir;
-    c.backend = BackendKind::Cpu;
-    c.monitor = false;
-    c.prewarm = false;
-    c.headroom = 0;
-    c.pin_reserve = 0;
-    return std::make_unique<Runtime>(c);
-  }
-
-  Request request(ModelId m, uint64_t layer) const {
-    Request r;
-    r.model = m;
-    r.key = PinKey{7, layer * kLayer, kLayer, 0};
-    r.bytes = kLayer;
-    r.data = file_->data() + layer * kLayer;
-    return r;
-  }
-
-  // A cast as ops/cast_path.cpp makes it: the bytes it got.
-  static std::vector<char> cast(Balancer& bal, const Request& r) {
-    Lease l = bal.acquire(r);
-    if (l && l.needs_fill()) {
-      if (!files::fill_from_file(r.data, r.bytes, l.data(), 1, l.shared_fill()))
-        std::memcpy(l.data(), r.data, r.bytes);
-      l.filled();
-    }
-    std::vector<char> out(r.bytes);
-    std::memcpy(out.data(), l ? l.data() : r.data, r.bytes);
-    return out;
-  }
+  ShareRobustness() : ShareFileTest("pins-share-rob") {}
+  std::unique_ptr<Runtime> runtime(const std::string& share_dir) const { return runtime_in(share_dir, true); }
+  static std::vector<char> cast(Balancer& bal, const Request& r) { return cast_bytes(bal, r); }
   static bool is_pattern(const std::vector<char>& got, uint64_t layer) {
     return testing::first_wrong_byte(got.data(), layer * kLayer, got.size()) == got.size();
   }
-
-  size_t segments(const std::string& dir) const {
-    if (!fs::is_directory(dir)) return 0;
-    size_t n = 0;
-    for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename().string().rfind("seg-", 0) == 0;
-    return n;
-  }
-
-  std::string root_, dir_, path_;
-  std::shared_ptr<files::MappedFile> file_;
+  size_t segments(const std::string& dir) const { return segments_in(dir); }
 };
 
 // A tmpfs of the test's own (read-only with MS_RDONLY), unmounted when it
