@@ -126,7 +126,8 @@ Balancer::Admitted Balancer::admit(const Request& r, Subset target, uint64_t set
     out.block = adopt(out.grant, lock_for());
     return out;
   }
-  const bool budget = ensure_budget(r.bytes, Asker{r.model, target, &r.key}, mi, settled_at_read);  // reserves r.bytes
+  // Reserves r.bytes. Note [Cap budget]: a shared segment's block is no pool commit.
+  const bool budget = ensure_budget(r.bytes, Asker{r.model, target, &r.key}, mi, settled_at_read, !out.grant);
   if (budget) {
     const bool lock = lock_for();
     out.block = out.grant ? adopt(out.grant, lock) : pool_.try_allocate(r.bytes, lock);

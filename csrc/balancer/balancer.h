@@ -268,8 +268,9 @@ class Balancer {
   // Makes room for a new pin of `bytes` for `asker` (its model and target
   // subset): true when it may be created.
   // Note [Budget reservation]: when true, `bytes` are reserved; `settled_at_read`
-  // is the gate's settled() before `mi` was read.
-  bool ensure_budget(size_t bytes, const Asker& asker, MemoryInfo& mi, uint64_t settled_at_read)
+  // is the gate's settled() before `mi` was read. Note [Cap budget]: `in_pool`
+  // when the pool commits its block (not a shared segment's, Note [Shared pins]).
+  bool ensure_budget(size_t bytes, const Asker& asker, MemoryInfo& mi, uint64_t settled_at_read, bool in_pool)
       PINS_EXCLUDES(mu_);  // may read mi afresh
   // Registration ceiling: whether a new pin of `bytes` may be page-locked,
   // after dropping page-locks along the tiers if needed.

@@ -42,19 +42,29 @@ uint64_t BudgetGate::settled() const {
   return settled_;
 }
 
-uint64_t BudgetGate::reserve(size_t bytes, uint64_t available, uint64_t settled_at_read, const Config& c) {
+uint64_t BudgetGate::cap_room(size_t bytes) const {
+  const HostPool::CapRoom r = pool_.cap_room(bytes, pool_.backend().can_lock());
+  if (r.cap == 0 || r.free_block || pages(bytes) > r.cap) return kNoCap;
+  return r.room;
+}
+
+BudgetGate::Shortfall BudgetGate::reserve(size_t bytes, const Room& room, const Config& c) {
+  const uint64_t need = pages(bytes);
+  Shortfall out;
   MutexLock g(mu_);
   // settled_ only grows; a sum past 2^64 cannot be available anyway.
-  const uint64_t unseen = add_sat(reserved_, settled_ - settled_at_read);
-  const uint64_t shortfall = pin_shortfall(bytes, sub_sat(available, unseen), c);
-  if (shortfall == 0) reserved_ += bytes;
-  return shortfall;
+  const uint64_t unseen = add_sat(reserved_, settled_ - room.available_settled);
+  out.ram = pin_shortfall(bytes, sub_sat(room.available, unseen), c);
+  if (room.cap != kNoCap) out.cap = sub_sat(add_sat(need, add_sat(reserved_, settled_ - room.cap_settled)), room.cap);
+  if (out.none()) reserved_ += need;
+  return out;
 }
 
 void BudgetGate::settle(size_t bytes, bool allocated) {
+  const uint64_t need = pages(bytes);
   MutexLock g(mu_);
-  reserved_ -= bytes;
-  if (allocated) settled_ += bytes;
+  reserved_ -= need;
+  if (allocated) settled_ += need;
 }
 
 uint64_t BudgetGate::reserved_bytes() const {

@@ -27,7 +27,9 @@
 // was taken, which that reading may not show. The check after freeing is made
 // again against the reservations of that moment. So the pins admitted on one
 // reading never take more than it said was available; a reading is at worst
-// conservative.
+// conservative. A reservation holds whole pages (what the pool commits), and
+// it counts against both budgets, RAM's and the cap's (Note [Cap budget]),
+// each figure less the settlements since its own settled() was read.
 //
 // Note [Warm idle memory]
 // An evicted pin's memory stays committed (idle extents of the pool) so that
@@ -50,6 +52,36 @@
 // at all gives every idle byte back whatever the line: it cannot say how far
 // past the RAM the process is (a new pin the idle extents could not hold was
 // committed fresh), and with a line of 0 (headroom:0) nothing else would.
+//
+// Note [Cap budget]
+// The pool's `cap` (PINS_CONF) bounds its committed bytes. The pool alone
+// refuses a block past it, first come first served: the pins made first stay
+// and a later one is copied from its source at every cast, whatever the policy
+// would keep. So the cap is a budget of the balancer too, beside RAM's. A new
+// pin's room under it is what the pool could commit for it: cap + idle -
+// committed (make_room() decommits idle extents, oldest first, and a request
+// reuses one it fits). A pin that a free block of the pool holds whole commits
+// nothing and needs no room, nor does one of a shared segment (Note [Shared
+// pins]: the pool adopts it, outside the cap); nor does one larger than the
+// cap, which no freeing makes fit (the pool refuses it: bypassed.pool). What the cap lacks,
+// the pin's whole pages less that room and less what pins being made reserved
+// (Note [Budget reservation]), is freed along the same tiers and policy order
+// as RAM's shortfall, in the same walk (so Note [Trace bypass] refuses a pin
+// under the cap as under RAM: bypassed.refused), with no pin_slack: the cap's
+// figures are exact, and pins freed ahead of need are pins the policy kept.
+// An evicted pin's extent goes idle once no other block of it is allocated. A
+// pin of more than half extent_min has an extent of its own; a smaller one
+// shares an extent_min extent with other small pins (Note [Host pool layout]
+// in csrc/pool/pool.h), and its freed block serves a new pin that fits in it
+// but gives the cap no room while the extent holds other pins. So the room is
+// read again after freeing, and while the cap still lacks, the next pin in the
+// order goes, one at a time, until an extent goes idle or none is left to go
+// (the pin is then refused, and those freed stay freed). Prewarmed memory is
+// idle memory: it never takes a pin's room under the cap, and the pool never
+// prewarms past the cap. Allocations the pool makes for the torch host
+// allocator (allocator/) reserve nothing: one made between a pin's admission
+// and its block, or a small pin that another took the free block of, can still
+// meet the pool's refusal (bypassed.pool).
 #pragma once
 
 #include <cstddef>
@@ -65,7 +97,7 @@ namespace pins {
 class BudgetGate {
  public:
   // `pool` and `probe` must outlive the gate.
-  BudgetGate(HostPool& pool, MemoryProbe& probe) : pool_(pool), probe_(probe) {}
+  BudgetGate(HostPool& pool, MemoryProbe& probe) : pool_(pool), probe_(probe), page_(pool.backend().page_size()) {}
   BudgetGate(const BudgetGate&) = delete;
   BudgetGate& operator=(const BudgetGate&) = delete;
 
@@ -76,17 +108,38 @@ class BudgetGate {
   // bytes (Note [Warm idle memory]), saturating.
   uint64_t room(const MemoryInfo& mi) const;
 
+  // Note [Cap budget]: the bytes a new pin of `bytes` may commit under the
+  // pool's cap (its idle extents decommitted); kNoCap where the cap binds it
+  // to nothing: no cap, a free block holds it whole, or it is larger than the
+  // cap (the pool refuses it whatever is freed). Takes the pool's lock once.
+  static constexpr uint64_t kNoCap = UINT64_MAX;
+  uint64_t cap_room(size_t bytes) const;
+
   // Note [Budget reservation]: the bytes settled so far, read before the
   // reading a later reserve() is given.
   uint64_t settled() const PINS_EXCLUDES(mu_);
-  // Reserves `bytes` when the budget admits them on `available` (less the
-  // reservations that a reading taken at `settled_at_read` does not show);
-  // returns the shortfall, 0 when reserved.
-  uint64_t reserve(size_t bytes, uint64_t available, uint64_t settled_at_read, const Config& c) PINS_EXCLUDES(mu_);
+  // What a new pin may use, each figure with the settled() read before it.
+  struct Room {
+    uint64_t available = 0;      // room() on a reading of system memory
+    uint64_t available_settled = 0;
+    uint64_t cap = kNoCap;       // cap_room()
+    uint64_t cap_settled = 0;
+  };
+  // What each budget lacks; none() when the pin was admitted.
+  struct Shortfall {
+    uint64_t ram = 0;
+    uint64_t cap = 0;
+    bool none() const { return ram == 0 && cap == 0; }
+  };
+  // Reserves `bytes` (whole pages: what the pool commits) when both budgets
+  // admit them on `room`, less the reservations each figure does not show
+  // (those held, and those settled since its settled() was read); returns the
+  // shortfalls, none() when reserved.
+  Shortfall reserve(size_t bytes, const Room& room, const Config& c) PINS_EXCLUDES(mu_);
   // Ends a reservation of `bytes`: the pool allocated its block (`allocated`),
   // which it now accounts for, or refused it.
   void settle(size_t bytes, bool allocated) PINS_EXCLUDES(mu_);
-  uint64_t reserved_bytes() const PINS_EXCLUDES(mu_);
+  uint64_t reserved_bytes() const PINS_EXCLUDES(mu_);  // whole pages
 
   // Note [Warm idle memory]: sets the pool's retain limit from the budget and
   // decommits the idle bytes past it.
@@ -102,6 +155,8 @@ class BudgetGate {
  private:
   HostPool& pool_;
   MemoryProbe& probe_;
+  const uint64_t page_;
+  uint64_t pages(size_t bytes) const { return (static_cast<uint64_t>(bytes) + page_ - 1) / page_ * page_; }
   // A leaf lock (Note [Lock order]): nothing else is taken while it is held
   // (the probe is read and the pool asked with it released).
   mutable Mutex mu_;

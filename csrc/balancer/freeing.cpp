@@ -3,6 +3,7 @@
 // the registration ceiling's page-lock drops. Victims are chosen and marked
 // under the lock, checked for copies in flight and freed outside it (Note
 // [Balancer locking]).
+#include <algorithm>
 #include <unordered_set>
 #include <utility>
 
@@ -13,25 +14,49 @@
 
 namespace pins {
 
-bool Balancer::ensure_budget(size_t bytes, const Asker& asker, MemoryInfo& mi, uint64_t settled_at_read) {
+bool Balancer::ensure_budget(size_t bytes, const Asker& asker, MemoryInfo& mi, uint64_t settled_at_read,
+                             bool in_pool) {
   const Subset target = *asker.target;
   PINS_RANGE("pins::ensure_budget");
   const Config c = config();
   // Note [Warm idle memory]: the pool's idle bytes are the new pin's to reuse.
+  // Note [Cap budget]: so is the room under the pool's cap.
   // Note [Budget reservation]: the gate admits and reserves under its lock.
-  uint64_t room = gate_.room(mi);
-  uint64_t shortfall = gate_.reserve(bytes, room, settled_at_read, c);
-  if (shortfall == 0) return true;
-  // Note [Memory readings]: nothing is evicted on a reused reading.
-  mi = gate_.memory(/*fresh=*/true);
-  room = gate_.room(mi);
-  shortfall = gate_.reserve(bytes, room, settled_at_read, c);
-  if (shortfall == 0) return true;
+  const auto cap_room = [&] { return in_pool ? gate_.cap_room(bytes) : BudgetGate::kNoCap; };
+  BudgetGate::Room room{gate_.room(mi), settled_at_read, cap_room(), settled_at_read};
+  BudgetGate::Shortfall short_of = gate_.reserve(bytes, room, c);
+  if (short_of.none()) return true;
+  if (short_of.ram > 0) {
+    // Note [Memory readings]: nothing is evicted on a reused reading.
+    mi = gate_.memory(/*fresh=*/true);
+    room.available = gate_.room(mi);
+    short_of = gate_.reserve(bytes, room, c);
+    if (short_of.none()) return true;
+  }
   // Note [Pin eviction tiers]: only a streaming pin may take tier 4.
   const Reach reach = is_streaming(target) ? Reach::SpareActive : Reach::SparePromptStreaming;
-  const size_t freed = free_along_tiers(pin_free_goal(shortfall, c), reach, pin_reserve_line(c), asker);
-  // At least the shortfall freed, counted again against the reservations of now.
-  return freed >= shortfall && gate_.reserve(bytes, add_sat(room, freed), settled_at_read, c) == 0;
+  const uint64_t ram_short = short_of.ram, available = room.available;
+  // Note [Cap budget]: what the cap lacks is freed along the same tiers, in
+  // one walk with what RAM lacks; no slack, the cap's figures being exact.
+  uint64_t goal = std::max<uint64_t>(pin_free_goal(ram_short, c), short_of.cap);
+  size_t freed = 0;
+  for (;;) {
+    const size_t got = free_along_tiers(goal, reach, pin_reserve_line(c), asker);
+    freed += got;
+    // At least the RAM's shortfall freed, counted again (with the cap's room
+    // read afresh) against the reservations of now.
+    if (freed < ram_short) return false;
+    room.available = add_sat(available, freed);
+    room.cap_settled = gate_.settled();
+    room.cap = cap_room();
+    short_of = gate_.reserve(bytes, room, c);
+    if (short_of.none()) return true;
+    // Note [Cap budget]: a freed block whose extent holds other pins gives the
+    // cap nothing; the next pin in the order goes, one at a time, until one
+    // of them leaves its extent idle (or none is left to go).
+    if (got == 0 || short_of.ram > 0) return false;
+    goal = 1;
+  }
 }
 
 bool Balancer::ensure_lock_room(size_t bytes, const MemoryInfo& mi) {

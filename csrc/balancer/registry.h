@@ -102,8 +102,8 @@ enum class PinState { Filling, Live, Evicting };
 // through a pin (Note [Cast path] in ops/cast_to_device.cpp).
 enum class Bypass : int {
   Empty = 0,      // the source has no bytes
-  Refused = 1,    // the budget refused a new pin (DESIGN.md "Budget")
-  Pool = 2,       // the host pool refused the block (its cap, or the OS)
+  Refused = 1,    // the budget (RAM's, or the pool's cap: Note [Cap budget]) refused a new pin (DESIGN.md "Budget")
+  Pool = 2,       // the host pool refused the block (the OS; a block past the whole cap, or a race: Note [Cap budget])
   Busy = 3,       // the source's pin is being filled or evicted by another thread
   Raced = 4,      // another thread pinned the same source while this one made room
   Forgotten = 5,  // the model was forgotten while its pin was being made

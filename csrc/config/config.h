@@ -55,7 +55,7 @@ struct Config {
   uint64_t segment_size = 1 * GiB;     // address space reserved per segment
   uint64_t extent_min = 2 * MiB;       // smallest range committed and locked at once
   uint64_t alignment = 512;            // block alignment, a power of two <= 4 KiB
-  uint64_t cap = 0;                    // hard cap on committed bytes; 0: the pin ceiling
+  uint64_t cap = 0;                    // hard cap on the pool's committed bytes; 0: none
   uint64_t retain_free = 64 * MiB;     // free committed bytes kept for reuse
   bool mlock = false;                  // cpu backend: mlock extents
 

@@ -230,6 +230,15 @@ class HostPool {
   size_t unlock(void* ptr) PINS_EXCLUDES(mu_);
   size_t cap() const PINS_EXCLUDES(mu_);
   void set_cap(size_t cap) PINS_EXCLUDES(mu_);
+  // What a request of `size` (`lock` as try_allocate's) finds under the cap,
+  // read under one lock hold: the balancer's budget for the cap (Note [Cap
+  // budget] in csrc/balancer/budget_gate.h).
+  struct CapRoom {
+    size_t cap = 0;           // 0: no cap
+    size_t room = 0;          // bytes it may commit, idle extents decommitted: cap + idle - committed - committing
+    bool free_block = false;  // a free block holds it whole: it commits nothing
+  };
+  CapRoom cap_room(size_t size, bool lock) const PINS_EXCLUDES(mu_);
 
   PoolStats stats() const PINS_EXCLUDES(mu_);
   void reset_accumulated() PINS_EXCLUDES(mu_);

@@ -124,6 +124,22 @@ HostPool::Room HostPool::make_room(size_t need) {
   return Room::Freed;
 }
 
+HostPool::CapRoom HostPool::cap_room(size_t size, bool lock) const {
+  CapRoom out;
+  MutexLock g(mu_);
+  out.cap = cap_;
+  if (cap_ == 0) return out;
+  // What make_room() can reach: every idle extent (an extent being unlocked
+  // only for now), and the room the cap leaves; saturating, for a cap near 2^64.
+  const size_t used = static_cast<size_t>(stats_.committed_bytes.current) + committing_;
+  const size_t top = cap_ > SIZE_MAX - idle_bytes_ ? SIZE_MAX : cap_ + idle_bytes_;
+  out.room = top > used ? top - used : 0;
+  // Step 1 of try_allocate(): a free block (of an extent in use, or idle) holds it.
+  const size_t asize = round_align(std::min(size, kMaxAllocation));
+  out.free_block = free_[lock && can_lock_].lower_bound({asize, 0}) != free_[lock && can_lock_].end();
+  return out;
+}
+
 size_t HostPool::new_extent_size(size_t need) const {
   // Requests up to half an extent share extent_min extents (a tail that small
   // requests fill); larger ones get an exact extent, so the tail never strands.

@@ -280,6 +280,48 @@ TEST(SimCli, TheMonitorLeavesPinsOwnSlack) {
   EXPECT_EQ(at_headroom, with_monitor);
 }
 
+// Note [Cap budget]: --conf cap: reaches the simulated pool, and the balancer
+// frees under it along its tiers, so the policies differ there as under RAM.
+// Two models of four 512 MiB layers, one pass each, in turn, under a cap of
+// six layers and RAM for all: mru takes the other model's two newest pins at
+// every prompt; the trace, following a's record from the third prompt, refuses
+// a's two missing pins rather than take b's, used sooner (Note [Trace bypass]):
+// b hits everything, a reads the same two every turn, half mru's misses.
+TEST(SimCli, ACapIsABudgetThePoliciesChooseUnder) {
+  TempDir d;
+  const std::string trace = d.write("alt.json", R"({
+    "name": "two models in turn",
+    "machine": {"ram": "64GiB", "vram": "1GiB", "disk_read_bw": "1GB/s", "ram_copy_bw": "10GB/s",
+                "h2d_bw": "20GB/s", "headroom": "4GiB", "other_ram": "2GiB", "vram_reserve": "0.5GiB"},
+    "models": [{"name": "a", "bytes": "2GiB", "layer_count": 4}, {"name": "b", "bytes": "2GiB", "layer_count": 4}],
+    "prompts": [{"name": "pa", "steps": [{"model": "a"}]}, {"name": "pb", "steps": [{"model": "b"}]}],
+    "sequences": [{"name": "alternate", "prompts": ["pa", "pb"], "runs": 6}]
+  })");
+  // Each run: {pin_hits, pin_misses, refusals, evicted_bytes in layers}.
+  const auto runs = [&](const std::string& policy, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--trace", trace, "--policy", policy, "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Result r = cli(args);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    std::vector<std::vector<uint64_t>> out;
+    const json j = json::parse(r.out);
+    for (const json& run : j.at("runs"))
+      out.push_back({run["pin_hits"].get<uint64_t>(), run["pin_misses"].get<uint64_t>(),
+                     run["refusals"].get<uint64_t>(), run["evicted_bytes"].get<uint64_t>() / (G / 2)});
+    return out;
+  };
+  using Runs = std::vector<std::vector<uint64_t>>;
+  const std::string cap = "cap:3GiB";
+  EXPECT_EQ(runs("mru", {"--conf", cap}),
+            (Runs{{0, 4, 0, 0}, {0, 4, 0, 2}, {2, 2, 0, 2}, {2, 2, 0, 2}, {2, 2, 0, 2}, {2, 2, 0, 2}}));
+  EXPECT_EQ(runs("trace", {"--conf", cap}),
+            (Runs{{0, 4, 0, 0}, {0, 4, 0, 2}, {2, 2, 2, 0}, {4, 0, 0, 0}, {2, 2, 2, 0}, {4, 0, 0, 0}}));
+  // Without the cap both models stay pinned.
+  for (const char* policy : {"mru", "trace"})
+    EXPECT_EQ(runs(policy, {}), (Runs{{0, 4, 0, 0}, {0, 4, 0, 0}, {4, 0, 0, 0}, {4, 0, 0, 0}, {4, 0, 0, 0}, {4, 0, 0, 0}}))
+        << policy;
+}
+
 // --suite (profiling/sim/suite.h): the report, errors naming the argument, and
 // a scenario written out as a trace.
 TEST(SimCli, Suite) {

@@ -219,6 +219,30 @@ TEST(PrewarmStep, NeverPastTheBudgetOrTheCapAndOffWhenConfiguredOff) {
   EXPECT_LE(capped.pool.committed_bytes(), 2 * U);
 }
 
+// Note [Cap budget]: under the pool's cap the prewarm commits up to the cap and
+// no further, and what it committed is a new pin's room there as idle memory
+// is: b's first two pins take it and evict nothing; its third takes one of a's
+// pins (tier 1), the cap never passed.
+TEST(PrewarmBudget, UnderACapPrewarmedMemoryIsRoomAndTheTiersFreeTheRest) {
+  Fixture f(/*spare=*/64 * U);
+  f.pool.set_cap(4 * U);
+  const ModelId a = f.bal.register_model("a", "cpu");
+  ModelOptions o;
+  o.size = 4 * U;
+  const ModelId b = f.bal.register_model("b", "cpu", o);
+  for (uint64_t k = 0; k < 2; ++k) ASSERT_TRUE(f.cast(a, k));
+  f.bal.mark_prompt({b});
+  EXPECT_EQ(f.prewarm(), 2 * U) << "up to the cap, not the 4U wanted";
+  EXPECT_EQ(f.pool.committed_bytes(), 4 * U);
+  for (uint64_t k = 10; k < 12; ++k) ASSERT_TRUE(f.cast(b, k));
+  EXPECT_EQ(f.bal.stats().total.evictions_all(), 0);
+  EXPECT_EQ(f.pool.stats().prewarm_served_bytes, static_cast<int64_t>(2 * U));
+  ASSERT_TRUE(f.cast(b, 12));
+  EXPECT_EQ(f.bal.stats().total.evictions_all(), 1);
+  EXPECT_EQ(f.bal.stats().bypassed_all(), 0);
+  EXPECT_LE(f.pool.stats().committed_bytes.peak, static_cast<int64_t>(4 * U));
+}
+
 // Under RAM pressure prewarmed memory goes back as idle memory does: before any
 // pin, and the steps stop.
 TEST(PrewarmPressure, RelieveGivesItBackBeforeAnyPinAndTheStepsStop) {

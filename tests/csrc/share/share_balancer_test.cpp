@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 class ShareBalancer : public ShareFileTest {
  protected:
   ShareBalancer() : ShareFileTest("pins-share-bal") {}
-  std::unique_ptr<Runtime> runtime(bool share = true) const { return runtime_in(root_, share); }
+  std::unique_ptr<Runtime> runtime(bool share = true, uint64_t cap = 0) const { return runtime_in(root_, share, cap); }
   // True when the bytes the cast got are the file's.
   static bool cast(Balancer& bal, const Request& r, bool* filled = nullptr) {
     const std::vector<char> out = cast_bytes(bal, r, filled);
@@ -99,6 +99,33 @@ TEST_F(ShareBalancer, ASourceWrittenThroughItsMappingIsPinnedPrivately) {
   EXPECT_EQ(static_cast<const char*>(l.data())[0], writable->data()[2 * kLayer]) << "the written byte is served";
   EXPECT_EQ(a->share()->stats().fills, 0u);
   EXPECT_EQ(segments(), 0u);
+}
+
+// Note [Cap budget]: the pool adopts a shared segment outside its cap, so a
+// pin of one takes no room there: with the cap full of private pins (a
+// writable mapping's written layers), it evicts none of them.
+TEST_F(ShareBalancer, ASharedPinTakesNoRoomUnderTheCap) {
+  auto writable = files::MappedFile::open(path_);
+  auto a = runtime(/*share=*/true, /*cap=*/2 * kLayer);
+  Balancer& bal = a->balancer();
+  const ModelId mine = bal.register_model("private", "cpu"), m = bal.register_model("m", "cpu");
+  for (uint64_t layer = 0; layer < 2; ++layer) {
+    writable->data()[layer * kLayer] ^= 1;
+    Request r = request(mine, layer);
+    r.data = writable->data() + layer * kLayer;
+    Lease l = bal.acquire(r);
+    ASSERT_TRUE(l && l.needs_fill() && !l.shared_fill()) << layer;
+    std::memcpy(l.data(), r.data, r.bytes);
+    l.filled();
+  }
+  ASSERT_EQ(a->pool().stats().committed_bytes.current, static_cast<int64_t>(2 * kLayer)) << "the cap is full";
+  bal.mark_prompt({m});  // the private pins are another model's: tier 1, free to take
+  ASSERT_TRUE(cast(bal, request(m, 2)));
+  EXPECT_EQ(a->share()->stats().fills, 1u);
+  EXPECT_EQ(a->pool().stats().adopted_bytes.current, static_cast<int64_t>(kLayer));
+  EXPECT_EQ(bal.stats().total.evictions_all(), 0);
+  EXPECT_EQ(bal.stats().bypassed_all(), 0);
+  EXPECT_EQ(a->pool().stats().committed_bytes.current, static_cast<int64_t>(2 * kLayer));
 }
 
 TEST_F(ShareBalancer, ADroppedFillLeavesNoSegment) {

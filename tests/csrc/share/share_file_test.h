@@ -51,10 +51,11 @@ class ShareFileTest : public ::testing::Test {
     std::filesystem::remove_all(root_);
   }
 
-  // A runtime as one process of the share in `share_dir` has it.
-  static std::unique_ptr<Runtime> runtime_in(const std::string& share_dir, bool share) {
+  // A runtime as one process of the share in `share_dir` has it; `cap`, the pool's (0: none).
+  static std::unique_ptr<Runtime> runtime_in(const std::string& share_dir, bool share, uint64_t cap = 0) {
     Config c;
     c.share = share;
+    c.cap = cap;
     c.share_dir = share_dir;
     c.backend = BackendKind::Cpu;
     c.monitor = false;
