@@ -44,8 +44,12 @@ uint64_t BudgetGate::settled() const {
 
 uint64_t BudgetGate::cap_room(size_t bytes) const {
   const HostPool::CapRoom r = pool_.cap_room(bytes, pool_.backend().can_lock());
-  if (r.cap == 0 || r.free_block || pages(bytes) > r.cap) return kNoCap;
-  return r.room;
+  if (r.cap == 0 || pages(bytes) > r.cap) return kNoCap;
+  // A free block of an extent in use is room for this one pin, which two pins
+  // being made at once cannot both count: it is room, not kNoCap, so that the
+  // reservation of the first to take it (Note [Budget reservation]) holds the
+  // second off.
+  return add_sat(r.room, r.free_block ? pages(bytes) : 0);
 }
 
 BudgetGate::Shortfall BudgetGate::reserve(size_t bytes, const Room& room, const Config& c) {

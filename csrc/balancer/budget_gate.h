@@ -60,10 +60,13 @@
 // would keep. So the cap is a budget of the balancer too, beside RAM's. A new
 // pin's room under it is what the pool could commit for it: cap + idle -
 // committed (make_room() decommits idle extents, oldest first, and a request
-// reuses one it fits). A pin that a free block of the pool holds whole commits
-// nothing and needs no room, nor does one of a shared segment (Note [Shared
-// pins]: the pool adopts it, outside the cap); nor does one larger than the
-// cap, which no freeing makes fit (the pool refuses it: bypassed.pool). What the cap lacks,
+// reuses one it fits). A pin that a free block of an extent in use holds whole
+// commits nothing: that block is room for its pages, counted as room (not as
+// no cap at all) so that two pins made at once do not both take it, the second
+// then refused by the pool. A pin of a shared segment needs no room (Note
+// [Shared pins]: the pool adopts it, outside the cap); nor does one larger
+// than the cap, which no freeing makes fit (the pool refuses it:
+// bypassed.pool). What the cap lacks,
 // the pin's whole pages less that room and less what pins being made reserved
 // (Note [Budget reservation]), is freed along the same tiers and policy order
 // as RAM's shortfall, in the same walk (so Note [Trace bypass] refuses a pin
@@ -109,9 +112,10 @@ class BudgetGate {
   uint64_t room(const MemoryInfo& mi) const;
 
   // Note [Cap budget]: the bytes a new pin of `bytes` may commit under the
-  // pool's cap (its idle extents decommitted); kNoCap where the cap binds it
-  // to nothing: no cap, a free block holds it whole, or it is larger than the
-  // cap (the pool refuses it whatever is freed). Takes the pool's lock once.
+  // pool's cap (its idle extents decommitted), with the pin's own pages when
+  // a free block of an extent in use holds it whole; kNoCap where the cap
+  // binds it to nothing: no cap, or it is larger than the cap (the pool
+  // refuses it whatever is freed). Takes the pool's lock once.
   static constexpr uint64_t kNoCap = UINT64_MAX;
   uint64_t cap_room(size_t bytes) const;
 

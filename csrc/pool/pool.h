@@ -236,7 +236,7 @@ class HostPool {
   struct CapRoom {
     size_t cap = 0;           // 0: no cap
     size_t room = 0;          // bytes it may commit, idle extents decommitted: cap + idle - committed - committing
-    bool free_block = false;  // a free block holds it whole: it commits nothing
+    bool free_block = false;  // a free block of an extent in use holds it whole: it commits nothing
   };
   CapRoom cap_room(size_t size, bool lock) const PINS_EXCLUDES(mu_);
 

@@ -134,9 +134,13 @@ HostPool::CapRoom HostPool::cap_room(size_t size, bool lock) const {
   const size_t used = static_cast<size_t>(stats_.committed_bytes.current) + committing_;
   const size_t top = cap_ > SIZE_MAX - idle_bytes_ ? SIZE_MAX : cap_ + idle_bytes_;
   out.room = top > used ? top - used : 0;
-  // Step 1 of try_allocate(): a free block (of an extent in use, or idle) holds it.
+  // Step 1 of try_allocate(): the free block it takes holds it. One of an idle
+  // extent is in `room` already (taking it makes the extent used: the room
+  // shrinks by the extent), so only one of an extent in use is told apart.
   const size_t asize = round_align(std::min(size, kMaxAllocation));
-  out.free_block = free_[lock && can_lock_].lower_bound({asize, 0}) != free_[lock && can_lock_].end();
+  const auto& set = free_[lock && can_lock_];
+  const auto it = set.lower_bound({asize, 0});
+  out.free_block = it != set.end() && blocks_.at(it->second)->ext->used > 0;
   return out;
 }
 
