@@ -52,7 +52,7 @@ REPLAY = os.path.join(_HERE, "replay.py")
 DEFAULT_TRACE = os.path.join("profiling", "traces", "demo_wan22_scaled.json")
 DEFAULT_OUT = os.path.join("build", "demo")
 # How long pins' reading of the demo's meminfo stands (PINS_CONF memory_max_age_us): Note [Demo machine].
-DEMO_READING_AGE_US = 5000
+DEMO_READING_AGE_US = 1000000
 POLICIES = ("none", "lru", "mru", "trace", "reuse")
 DEFAULT_POLICIES = ("none", "lru", "mru", "trace")  # reuse on request (--policy)
 # The balancer's byte constants of the full-size WAN trace's 32 GiB machine

@@ -18,11 +18,16 @@ pins-sim does) on whatever machine it runs on, which usually has more RAM:
   the prompt's LoRA bytes - pins' committed bytes (the simulator's
   ModelledProbe, Note [Simulator memory model]). It rewrites the file after
   every pins call. Within a call the file cannot follow the pool (a cast that
-  evicts and then checks its budget again), so pins reuses its reading for
-  memory_max_age_us (5 ms), moved by its own pool's commits and decommits
-  (Note [Memory readings]): exact, as the simulator's model is. With 0 every
-  check would read the file and miss the bytes freed earlier in the same call.
-  The LoRA bytes change no commit, so when they change the demo waits out the
+  evicts, gives idle memory back and then checks its budget again), so pins
+  reuses its reading for memory_max_age_us, moved by its own pool's commits
+  and decommits (Note [Memory readings]): exact, as the simulator's model is.
+  The demo sets the longest age pins takes (1 s, DEMO_READING_AGE_US), longer
+  than any call: with the library's 5 ms a call that filled a layer from disk
+  outlived its reading, read the file again mid-call and missed what the call
+  had freed, which moved an eviction now and then (mru's run 2 of the default
+  demo read 3 MiB less than predicted in one run; trace's runs 4, 6, 7 and 8
+  up to 0.05 GiB off in another). With 0 every check would read the file. The
+  LoRA bytes change no commit, so when they change the demo waits out the
   reading's age before the next call. The pool, the pins and the copies are
   real. The real machine's free memory, which other processes move by tens of
   MB a second, plays no part, so a run is repeatable.
