@@ -11,16 +11,17 @@ size_t TraceRecorder::first_followed() const {
 }
 
 size_t TraceRecorder::context_choice(size_t first) const {
-  if (first == 0 || first == records_.size()) return first;
+  if (first == records_.size()) return first;
+  // Note [Trace context]: a rerun (first == 0) takes an older record only when
+  // what came after it repeats in the records.
   for (size_t i = first; i < records_.size(); ++i)
-    if (!records_[i].departed && records_[i].context) return i;
+    if (!records_[i].departed && records_[i].context && (first > 0 || i == 0 || records_[i].next_repeats)) return i;
   return first;
 }
 
 size_t TraceRecorder::active() const {
   const size_t first = first_followed();
-  // A rerun (first == 0), the common case, reads no check.
-  if (first == 0 || first == records_.size()) return first;
+  if (first == records_.size()) return first;
   return context_check_.applies(kAnyModel) ? context_choice(first) : first;
 }
 
@@ -119,9 +120,10 @@ void TraceRecorder::end_prompt() {
     const size_t first = first_followed(), chosen = context_choice(first);
     context_said_.clear();
     plain_said_.clear();
-    if (chosen != first && first > 0) {
+    if (chosen != first) {
       context_said_ = records_[chosen - 1].models;
-      plain_said_ = records_[first - 1].models;
+      // A rerun's plain prediction is the prompt itself (rank(), a == 0).
+      plain_said_ = first > 0 ? records_[first - 1].models : rec.models;
     }
     if (!records_.empty()) rec.before = records_.front().models;
     for (ModelId m : rec.models) rec.detour |= !records_.empty() && !knows_model(m);
@@ -130,6 +132,11 @@ void TraceRecorder::end_prompt() {
     // Which records followed what the prompt just before the next one (this
     // one) ran.
     for (Record& r : records_) r.context = !r.before.empty() && r.before == records_.front().models;
+    for (size_t i = 1; i < records_.size(); ++i) {
+      const auto& next = records_[i - 1].models;
+      records_[i].next_repeats =
+          std::count_if(records_.begin(), records_.end(), [&](const Record& r) { return r.models == next; }) >= 2;
+    }
     clear_now(/*release=*/false);
   }
   for (Record& rec : records_) {

@@ -34,6 +34,25 @@
 // retain limit, trim() and the cap's decommits give it back like any other,
 // cut to what they need.
 //
+// Note [Idle extents are not cut]
+// A request takes no block of an idle extent larger than the extent it would
+// commit itself (extent_min for a small request, its page-rounded size for a
+// larger one): it takes a free block of an extent in use, a prewarmed cut, an
+// idle extent of at most its own size, or commits its own. Cut by a smaller
+// request, an idle extent becomes an extent in use whose rest stays committed
+// but is neither idle (the retain limit, trim() and the balancer's budget see
+// none of it, Note [Warm idle memory]) nor free for a larger request: only
+// smaller ones fit there, and freeing more pins gives back no RAM until every
+// block of the extent is free. A balancer whose pins come in many sizes
+// stranded that way a few hundred MiB: on pins-sim's suite scenario
+// s4-20-seed-prompt-16g-16g-flux (Flux with its encoders on 16 GiB), 0.48 GiB
+// of the trace policy's 8.65 GiB committed held no pin, and one 270 MiB layer
+// the sampler streams every step was read from disk every step (6.6 GiB a run
+// over mru). The idle extents a request passes stay idle, for a request of
+// their size or for the retain limit to give back; they are at most the
+// retained ones, so the walk past them is bounded by what the retain limit
+// keeps.
+//
 // Note [Refused page-locks]
 // A backend may refuse to page-lock memory it committed: cudaHostRegister
 // fails for large ranges on WSL2 and in some containers (microsoft/WSL#14078:

@@ -72,6 +72,14 @@ void* HostPool::allocate(size_t size, bool lock) {
 HostPool::Block* HostPool::take_free(size_t asize, bool locked) {
   auto& set = free_[locked];
   auto it = set.lower_bound({asize, 0});
+  // Note [Idle extents are not cut]: past an idle extent larger than this
+  // request's own, to the next larger block.
+  const size_t own = extent_size(round_page(asize));
+  while (it != set.end()) {
+    const Extent* x = blocks_.at(it->second)->ext;
+    if (x->used > 0 || x->prewarmed || x->size <= own) break;
+    ++it;
+  }
   if (it == set.end()) return nullptr;
   Block* b = blocks_.at(it->second).get();
   if (b->ext->prewarmed) {

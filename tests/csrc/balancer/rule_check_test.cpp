@@ -141,5 +141,31 @@ TEST(TraceRecorderRuleChecks, APromptAfterAPairFollowsTheRecordThatCameAfterOne)
   EXPECT_FALSE(t.context_check().applies(kAnyModel));
 }
 
+// Note [Trace context] for a rerun: the second e1 of a pair follows the first
+// one's record, which predicts e1 again; the older e1 record that came after
+// an e1, as this prompt does, was followed by e2, which the records show
+// twice. The choice predicts e2 next, and the next prompt judges it right.
+TEST(TraceRecorderRuleChecks, TheSecondPromptOfAPairFollowsTheRecordThatCameSecond) {
+  TraceRecorder t;
+  for (int i = 0; i < 9; ++i) pair_prompt(t, i % 4 < 2 ? 1 : 4);
+  run(t, 1);  // the tenth: the second e1 after e2 e2 e1
+  ASSERT_TRUE(t.context_check().applies(kAnyModel));
+  EXPECT_LT(t.next_use(of(4, 400)), t.next_use(of(1, 100))) << "e2 next, as after the last e1 pair";
+  t.end_prompt();
+  const int64_t right = t.context_check().right_verdicts();
+  pair_prompt(t, 4);
+  EXPECT_EQ(t.context_check().right_verdicts(), right + 1);
+  EXPECT_EQ(t.context_check().wrong_verdicts(), 0);
+}
+
+// A workflow that ran once between reruns of another (e1 e1 e2 e1) is no
+// pattern: the rerun after it predicts itself, not e2 again.
+TEST(TraceRecorderRuleChecks, ARerunAfterAOneOffDoesNotPredictTheOneOff) {
+  TraceRecorder t;
+  for (const ModelId enc : {1, 1, 4, 1}) pair_prompt(t, enc);
+  run(t, 1);
+  EXPECT_EQ(t.next_use(of(4, 400)), TraceRecorder::kNever);
+}
+
 }  // namespace
 }  // namespace pins

@@ -188,6 +188,24 @@ TEST(HostPool, ReusesAFreedBlockWithoutNewCommit) {
   pool.free(b);
 }
 
+// Note [Idle extents are not cut]: a smaller request takes an extent of its
+// own, and the idle one stays whole for a request of its size.
+TEST(HostPool, AnIdleExtentIsNotCutForASmallerRequest) {
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
+  void* a = pool.allocate(8 * MiB);
+  pool.free(a);  // idle, kept (retain_free is large)
+  void* b = pool.allocate(3 * MiB);
+  EXPECT_NE(addr(b), addr(a));
+  EXPECT_EQ(pool.idle_bytes(), 8 * MiB);
+  EXPECT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(11 * MiB));
+  void* c = pool.allocate(8 * MiB);  // the idle extent, whole: nothing stranded
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(pool.stats().commits, 2);
+  EXPECT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(11 * MiB));
+  pool.free(b);
+  pool.free(c);
+}
+
 TEST(HostPool, NoPowerOfTwoRounding) {
   CheckedPool pool(make_null_backend(), opts());
   void* p = pool.allocate(5000);
