@@ -130,9 +130,10 @@ Balancer::Admitted Balancer::admit(const Request& r, Subset target, uint64_t set
   const bool budget = ensure_budget(r.bytes, Asker{r.model, target, &r.key}, mi, settled_at_read, !out.grant);
   if (budget) {
     const bool lock = lock_for();
-    out.block = out.grant ? adopt(out.grant, lock) : pool_.try_allocate(r.bytes, lock);
+    out.block = out.grant ? adopt(out.grant, lock) : pool_.try_allocate(r.bytes, lock, /*budgeted=*/true);
     gate_.keep_warm(gate_.memory(), config().headroom);  // what the reuse above left idle
-    gate_.settle(r.bytes, out.block != nullptr);  // Note [Budget reservation]: the pool accounts for the block now
+    // Note [Budget reservation]: the pool accounts for the block now.
+    gate_.settle(r.bytes, out.block != nullptr, /*in_pool=*/!out.grant);
   } else if (out.grant) {
     share_->release(out.grant.entry, out.grant.generation, out.grant.data, out.grant.length);  // never filled
     out.grant = {};

@@ -42,33 +42,44 @@ uint64_t BudgetGate::settled() const {
   return settled_;
 }
 
-uint64_t BudgetGate::cap_room(size_t bytes) const {
+BudgetGate::CapFigure BudgetGate::cap_room(size_t bytes) const {
   const HostPool::CapRoom r = pool_.cap_room(bytes, pool_.backend().can_lock());
-  if (r.cap == 0 || pages(bytes) > r.cap) return kNoCap;
+  if (r.cap == 0 || pages(bytes) > r.cap) return {kNoCap, r.budgeted};
   // A free block of an extent in use is room for this one pin, which two pins
   // being made at once cannot both count: it is room, not kNoCap, so that the
   // reservation of the first to take it (Note [Budget reservation]) holds the
   // second off.
-  return add_sat(r.room, r.free_block ? pages(bytes) : 0);
+  return {add_sat(r.room, r.free_block ? pages(bytes) : 0), r.budgeted};
 }
 
-BudgetGate::Shortfall BudgetGate::reserve(size_t bytes, const Room& room, const Config& c) {
+BudgetGate::Shortfall BudgetGate::reserve(size_t bytes, const Room& room, bool in_pool, const Config& c) {
   const uint64_t need = pages(bytes);
   Shortfall out;
   MutexLock g(mu_);
   // settled_ only grows; a sum past 2^64 cannot be available anyway.
   const uint64_t unseen = add_sat(reserved_, settled_ - room.available_settled);
   out.ram = pin_shortfall(bytes, sub_sat(room.available, unseen), c);
-  if (room.cap != kNoCap) out.cap = sub_sat(add_sat(need, add_sat(reserved_, settled_ - room.cap_settled)), room.cap);
-  if (out.none()) reserved_ += need;
+  // Note [Cap budget]: the pool counts a budgeted block under the lock its
+  // committed bytes move under, so the pages admitted for pool blocks and not
+  // refused, less the budgeted blocks the figure shows, are exactly those it
+  // does not show: pins being made, and blocks allocated since it was read.
+  if (room.cap.room != kNoCap) {
+    const uint64_t unseen_cap = sub_sat(pool_admitted_ - pool_refused_, room.cap.budgeted);
+    out.cap = sub_sat(add_sat(need, unseen_cap), room.cap.room);
+  }
+  if (out.none()) {
+    reserved_ += need;
+    if (in_pool) pool_admitted_ += need;
+  }
   return out;
 }
 
-void BudgetGate::settle(size_t bytes, bool allocated) {
+void BudgetGate::settle(size_t bytes, bool allocated, bool in_pool) {
   const uint64_t need = pages(bytes);
   MutexLock g(mu_);
   reserved_ -= need;
   if (allocated) settled_ += need;
+  if (in_pool && !allocated) pool_refused_ += need;
 }
 
 uint64_t BudgetGate::reserved_bytes() const {

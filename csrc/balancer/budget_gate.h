@@ -28,8 +28,7 @@
 // again against the reservations of that moment. So the pins admitted on one
 // reading never take more than it said was available; a reading is at worst
 // conservative. A reservation holds whole pages (what the pool commits), and
-// it counts against both budgets, RAM's and the cap's (Note [Cap budget]),
-// each figure less the settlements since its own settled() was read.
+// it counts against both budgets, RAM's and the cap's (Note [Cap budget]).
 //
 // Note [Warm idle memory]
 // An evicted pin's memory stays committed (idle extents of the pool) so that
@@ -81,10 +80,18 @@
 // order goes, one at a time, until an extent goes idle or none is left to go
 // (the pin is then refused, and those freed stay freed). Prewarmed memory is
 // idle memory: it never takes a pin's room under the cap, and the pool never
-// prewarms past the cap. Allocations the pool makes for the torch host
-// allocator (allocator/) reserve nothing: one made between a pin's admission
-// and its block, or a small pin that another took the free block of, can still
-// meet the pool's refusal (bypassed.pool).
+// prewarms past the cap. The cap's figures are exact for pins made at once
+// too: the pool counts the pages of each block a reservation asked for
+// (HostPool::CapRoom::budgeted) under the lock its committed bytes move under,
+// and the room is read with that count, so the pins it does not show are the
+// pages admitted for pool blocks and not refused, less that count: pins being
+// made, and blocks allocated since. (Counted against settle(), which comes
+// after the allocation, a block allocated and not yet settled was counted
+// twice, and a cast on another thread then evicted one pin too many.)
+// Allocations the pool makes for the torch host allocator (allocator/)
+// reserve nothing: one made between a pin's admission and its block, or a
+// small pin that another took the free block of (its extent shrinks the room
+// by more than its pages), can still meet the pool's refusal (bypassed.pool).
 #pragma once
 
 #include <cstddef>
@@ -117,17 +124,21 @@ class BudgetGate {
   // binds it to nothing: no cap, or it is larger than the cap (the pool
   // refuses it whatever is freed). Takes the pool's lock once.
   static constexpr uint64_t kNoCap = UINT64_MAX;
-  uint64_t cap_room(size_t bytes) const;
+  struct CapFigure {
+    uint64_t room = kNoCap;
+    uint64_t budgeted = 0;  // HostPool::CapRoom::budgeted, read with `room`
+  };
+  CapFigure cap_room(size_t bytes) const;
 
   // Note [Budget reservation]: the bytes settled so far, read before the
   // reading a later reserve() is given.
   uint64_t settled() const PINS_EXCLUDES(mu_);
-  // What a new pin may use, each figure with the settled() read before it.
+  // What a new pin may use: RAM's figure with the settled() read before it,
+  // the cap's with the budgeted blocks it shows.
   struct Room {
     uint64_t available = 0;      // room() on a reading of system memory
     uint64_t available_settled = 0;
-    uint64_t cap = kNoCap;       // cap_room()
-    uint64_t cap_settled = 0;
+    CapFigure cap;               // cap_room()
   };
   // What each budget lacks; none() when the pin was admitted.
   struct Shortfall {
@@ -137,12 +148,13 @@ class BudgetGate {
   };
   // Reserves `bytes` (whole pages: what the pool commits) when both budgets
   // admit them on `room`, less the reservations each figure does not show
-  // (those held, and those settled since its settled() was read); returns the
-  // shortfalls, none() when reserved.
-  Shortfall reserve(size_t bytes, const Room& room, const Config& c) PINS_EXCLUDES(mu_);
+  // (RAM's: those held, and those settled since its settled() was read; the
+  // cap's: those admitted for a pool block, `in_pool`, and not refused, less
+  // the budgeted blocks it shows); returns the shortfalls, none() when reserved.
+  Shortfall reserve(size_t bytes, const Room& room, bool in_pool, const Config& c) PINS_EXCLUDES(mu_);
   // Ends a reservation of `bytes`: the pool allocated its block (`allocated`),
-  // which it now accounts for, or refused it.
-  void settle(size_t bytes, bool allocated) PINS_EXCLUDES(mu_);
+  // which it now accounts for, or refused it; `in_pool` as reserve()'s.
+  void settle(size_t bytes, bool allocated, bool in_pool) PINS_EXCLUDES(mu_);
   uint64_t reserved_bytes() const PINS_EXCLUDES(mu_);  // whole pages
 
   // Note [Warm idle memory]: sets the pool's retain limit from the budget and
@@ -171,6 +183,11 @@ class BudgetGate {
   // Note [Budget reservation].
   uint64_t reserved_ PINS_GUARDED_BY(mu_) = 0;  // level: bytes of pins being made
   uint64_t settled_ PINS_GUARDED_BY(mu_) = 0;   // SUM: bytes of reservations ended by an allocation
+  // Note [Cap budget]: SUMs of the reservations for pool blocks admitted, and
+  // of those the pool refused; less the pool's budgeted blocks, the pages the
+  // cap's figure does not show.
+  uint64_t pool_admitted_ PINS_GUARDED_BY(mu_) = 0;
+  uint64_t pool_refused_ PINS_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pins

@@ -22,15 +22,15 @@ bool Balancer::ensure_budget(size_t bytes, const Asker& asker, MemoryInfo& mi, u
   // Note [Warm idle memory]: the pool's idle bytes are the new pin's to reuse.
   // Note [Cap budget]: so is the room under the pool's cap.
   // Note [Budget reservation]: the gate admits and reserves under its lock.
-  const auto cap_room = [&] { return in_pool ? gate_.cap_room(bytes) : BudgetGate::kNoCap; };
-  BudgetGate::Room room{gate_.room(mi), settled_at_read, cap_room(), settled_at_read};
-  BudgetGate::Shortfall short_of = gate_.reserve(bytes, room, c);
+  const auto cap_room = [&] { return in_pool ? gate_.cap_room(bytes) : BudgetGate::CapFigure{}; };
+  BudgetGate::Room room{gate_.room(mi), settled_at_read, cap_room()};
+  BudgetGate::Shortfall short_of = gate_.reserve(bytes, room, in_pool, c);
   if (short_of.none()) return true;
   if (short_of.ram > 0) {
     // Note [Memory readings]: nothing is evicted on a reused reading.
     mi = gate_.memory(/*fresh=*/true);
     room.available = gate_.room(mi);
-    short_of = gate_.reserve(bytes, room, c);
+    short_of = gate_.reserve(bytes, room, in_pool, c);
     if (short_of.none()) return true;
   }
   // Note [Pin eviction tiers]: only a streaming pin may take tier 4.
@@ -47,9 +47,8 @@ bool Balancer::ensure_budget(size_t bytes, const Asker& asker, MemoryInfo& mi, u
     // read afresh) against the reservations of now.
     if (freed < ram_short) return false;
     room.available = add_sat(available, freed);
-    room.cap_settled = gate_.settled();
     room.cap = cap_room();
-    short_of = gate_.reserve(bytes, room, c);
+    short_of = gate_.reserve(bytes, room, in_pool, c);
     if (short_of.none()) return true;
     // Note [Cap budget]: a freed block whose extent holds other pins gives the
     // cap nothing; the next pin in the order goes, one at a time, until one

@@ -182,8 +182,10 @@ class HostPool {
   // lock (unlocked when it refuses: Note [Refused page-locks]); nullptr when the
   // cap or the OS refuses the memory (nothing changed then). A size
   // of 0 or past kMaxAllocation is a pins::ValueError (nothing changed either):
-  // no size arithmetic of the pool can wrap below that bound.
-  void* try_allocate(size_t size, bool lock = true) PINS_EXCLUDES(mu_);
+  // no size arithmetic of the pool can wrap below that bound. `budgeted`: the
+  // block of a pin the balancer's budget reserved, counted in
+  // CapRoom::budgeted when allocated (Note [Cap budget]).
+  void* try_allocate(size_t size, bool lock = true, bool budgeted = false) PINS_EXCLUDES(mu_);
   // As try_allocate, but a refusal throws pins::ResourceError stating the
   // request, the cap and the current use.
   void* allocate(size_t size, bool lock = true) PINS_EXCLUDES(mu_);
@@ -256,6 +258,7 @@ class HostPool {
     size_t cap = 0;           // 0: no cap
     size_t room = 0;          // bytes it may commit, idle extents decommitted: cap + idle - committed - committing
     bool free_block = false;  // a free block of an extent in use holds it whole: it commits nothing
+    uint64_t budgeted = 0;    // whole pages of the `budgeted` blocks allocated so far, as `room` shows them
   };
   CapRoom cap_room(size_t size, bool lock) const PINS_EXCLUDES(mu_);
 
@@ -380,6 +383,7 @@ class HostPool {
   size_t committing_ PINS_GUARDED_BY(mu_) = 0;  // bytes taken from ranges_, commit in flight
   size_t reaping_ PINS_GUARDED_BY(mu_) = 0;     // parked blocks a reap() holds outside parked_
   size_t idle_bytes_ PINS_GUARDED_BY(mu_) = 0;
+  uint64_t budgeted_ PINS_GUARDED_BY(mu_) = 0;  // CapRoom::budgeted
   size_t retain_free_ PINS_GUARDED_BY(mu_);  // the retain limit (set_retain_free)
   uintptr_t prewarm_end_ PINS_GUARDED_BY(mu_) = 0;  // where the last prewarm() ended: the next continues there
   uint64_t clock_ PINS_GUARDED_BY(mu_) = 0;

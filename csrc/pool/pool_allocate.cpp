@@ -10,7 +10,7 @@
 
 namespace pins {
 
-void* HostPool::try_allocate(size_t size, bool lock) {
+void* HostPool::try_allocate(size_t size, bool lock, bool budgeted) {
   PINS_CHECK_VALUE(size > 0, "pool allocation size must be positive, got ", size);
   // Past this bound round_align() and round_page() could wrap (SIZE_MAX - 511
   // would round to 0); below it no sum of the pool's sizes comes near 2^64.
@@ -23,7 +23,10 @@ void* HostPool::try_allocate(size_t size, bool lock) {
   MutexLock g(mu_);
   for (;;) {
     // 1. A free block of an extent committed (and locked) already.
-    if (Block* b = take_free(asize, want_lock)) return finish(b, size);
+    if (Block* b = take_free(asize, want_lock)) {
+      if (budgeted) budgeted_ += need;  // under the lock that `committed` moves under
+      return finish(b, size);
+    }
     // 2. A locked request locks a cut of prewarmed memory; the cut is served
     // unlocked when the backend refuses the lock (Note [Refused page-locks]).
     if (want_lock) {
@@ -149,6 +152,7 @@ HostPool::CapRoom HostPool::cap_room(size_t size, bool lock) const {
   const auto& set = free_[lock && can_lock_];
   const auto it = set.lower_bound({asize, 0});
   out.free_block = it != set.end() && blocks_.at(it->second)->ext->used > 0;
+  out.budgeted = budgeted_;
   return out;
 }
 
