@@ -35,11 +35,11 @@
 // cut to what they need.
 //
 // Note [Idle extents are not cut]
-// A request takes no block of an idle extent larger than the extent it would
-// commit itself (extent_min for a small request, its page-rounded size for a
-// larger one): it takes a free block of an extent in use, a prewarmed cut, an
-// idle extent of at most its own size, or commits its own. Cut by a smaller
-// request, an idle extent becomes an extent in use whose rest stays committed
+// A request takes a block of an idle extent only when the extent is the size
+// it would commit itself (extent_min for a small request, its page-rounded
+// size for a larger one): it takes a free block of an extent in use, a
+// prewarmed cut, an idle extent of its own size, or commits its own. Cut by a
+// smaller request, an idle extent becomes an extent in use whose rest stays committed
 // but is neither idle (the retain limit, trim() and the balancer's budget see
 // none of it, Note [Warm idle memory]) nor free for a larger request: only
 // smaller ones fit there, and freeing more pins gives back no RAM until every
@@ -48,10 +48,14 @@
 // s4-20-seed-prompt-16g-16g-flux (Flux with its encoders on 16 GiB), 0.48 GiB
 // of the trace policy's 8.65 GiB committed held no pin, and one 270 MiB layer
 // the sampler streams every step was read from disk every step (6.6 GiB a run
-// over mru). The idle extents a request passes stay idle, for a request of
-// their size or for the retain limit to give back; they are at most the
-// retained ones, so the walk past them is bounded by what the retain limit
-// keeps.
+// over mru). That includes an idle extent smaller than the request's own: a
+// small request's own is extent_min, and an exact extent between half
+// extent_min and extent_min, cut by it, strands its rest the same way (and
+// the request it was made for, coming again, commits a new one: pins-bench
+// alloc's warm pass, the SDXL UNet's sizes, committed again). The idle
+// extents a request passes stay idle, for a request of their size or for the
+// retain limit to give back; they are at most the retained ones, so the walk
+// past them is bounded by what the retain limit keeps.
 //
 // Note [Refused page-locks]
 // A backend may refuse to page-lock memory it committed: cudaHostRegister
@@ -293,7 +297,7 @@ class HostPool {
   // try_allocate()'s steps (pool_allocate.cpp). Those that call the backend
   // release mu_ around the call and hold it again when they return.
   void* finish(Block* b, size_t requested) PINS_REQUIRES(mu_);
-  Block* take_free(size_t asize, bool locked) PINS_REQUIRES(mu_);
+  Block* take_free(size_t asize, bool locked, uintptr_t fresh = 0) PINS_REQUIRES(mu_);
   // Locks a cut of the prewarmed extent `pre` for a request of `need` (whole
   // pages) and lists it idle: locked, or, when the backend refuses (counted),
   // unlocked. Whether it locked.

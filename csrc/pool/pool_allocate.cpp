@@ -21,9 +21,10 @@ void* HostPool::try_allocate(size_t size, bool lock, bool budgeted) {
   reap();
 
   MutexLock g(mu_);
+  uintptr_t fresh = 0;  // the extent step 5 committed for this request
   for (;;) {
     // 1. A free block of an extent committed (and locked) already.
-    if (Block* b = take_free(asize, want_lock)) {
+    if (Block* b = take_free(asize, want_lock, fresh)) {
       if (budgeted) budgeted_ += need;  // under the lock that `committed` moves under
       return finish(b, size);
     }
@@ -61,6 +62,7 @@ void* HostPool::try_allocate(size_t size, bool lock, bool budgeted) {
       return nullptr;
     }
     if (c == Committed::Unlocked) want_lock = false;
+    fresh = addr;
   }
 }
 
@@ -72,15 +74,17 @@ void* HostPool::allocate(size_t size, bool lock) {
                                   s.allocated_bytes.current, " bytes (backend ", s.backend, ")"));
 }
 
-HostPool::Block* HostPool::take_free(size_t asize, bool locked) {
+HostPool::Block* HostPool::take_free(size_t asize, bool locked, uintptr_t fresh) {
   auto& set = free_[locked];
   auto it = set.lower_bound({asize, 0});
-  // Note [Idle extents are not cut]: past an idle extent larger than this
-  // request's own, to the next larger block.
+  // Note [Idle extents are not cut]: past an idle extent of another size
+  // than this request's own, to the next larger block; the one committed for
+  // this request (`fresh`: cut to the cap's room or the address space left,
+  // it may be smaller than its own) is its.
   const size_t own = extent_size(round_page(asize));
   while (it != set.end()) {
     const Extent* x = blocks_.at(it->second)->ext;
-    if (x->used > 0 || x->prewarmed || x->size <= own) break;
+    if (x->used > 0 || x->prewarmed || x->size == own || x->base == fresh) break;
     ++it;
   }
   if (it == set.end()) return nullptr;

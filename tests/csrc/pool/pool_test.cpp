@@ -206,6 +206,25 @@ TEST(HostPool, AnIdleExtentIsNotCutForASmallerRequest) {
   pool.free(c);
 }
 
+// Note [Idle extents are not cut]: nor does a small request cut an idle extent
+// smaller than the extent_min it would commit (an exact extent of a request
+// of more than half extent_min), which the request it was made for then finds
+// whole when it comes again: the pool's warm pass commits nothing.
+TEST(HostPool, AnIdleExtentIsReusedOnlyByARequestOfItsSize) {
+  CheckedPool pool(make_null_backend(), opts(1 * MiB, 0, 64 * MiB));
+  void* a = pool.allocate(768 * KiB);  // more than half extent_min: an extent of its own
+  pool.free(a);
+  void* b = pool.allocate(4 * KiB);  // small: an extent_min extent, not a's
+  EXPECT_NE(addr(b), addr(a));
+  EXPECT_EQ(pool.idle_bytes(), 768 * KiB);
+  void* c = pool.allocate(768 * KiB);
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(pool.stats().commits, 2);
+  EXPECT_EQ(pool.stats().committed_bytes.current, static_cast<int64_t>(768 * KiB + 1 * MiB));
+  pool.free(b);
+  pool.free(c);
+}
+
 TEST(HostPool, NoPowerOfTwoRounding) {
   CheckedPool pool(make_null_backend(), opts());
   void* p = pool.allocate(5000);
