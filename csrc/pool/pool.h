@@ -289,6 +289,7 @@ class HostPool {
   struct Segment;
   struct Extent;
   struct Block;
+  using FreeSet = std::set<std::pair<size_t, uintptr_t>>;  // (size, address) of free blocks
   struct Range {
     size_t size;
     Segment* seg;
@@ -297,6 +298,9 @@ class HostPool {
   // try_allocate()'s steps (pool_allocate.cpp). Those that call the backend
   // release mu_ around the call and hold it again when they return.
   void* finish(Block* b, size_t requested) PINS_REQUIRES(mu_);
+  // The free block step 1 takes for a request of `asize` (Note [Idle extents
+  // are not cut]), end() when none; take_free() takes it, cap_room() reads it.
+  FreeSet::const_iterator find_free(size_t asize, bool locked, uintptr_t fresh = 0) const PINS_REQUIRES(mu_);
   Block* take_free(size_t asize, bool locked, uintptr_t fresh = 0) PINS_REQUIRES(mu_);
   // Locks a cut of the prewarmed extent `pre` for a request of `need` (whole
   // pages) and lists it idle: locked, or, when the backend refuses (counted),
@@ -397,7 +401,7 @@ class HostPool {
   std::map<uintptr_t, std::unique_ptr<Extent>> extents_ PINS_GUARDED_BY(mu_);
   std::set<std::pair<uint64_t, Extent*>> idle_ PINS_GUARDED_BY(mu_);  // by idle age
   std::unordered_map<uintptr_t, std::unique_ptr<Block>> blocks_ PINS_GUARDED_BY(mu_);  // every block, by address
-  std::set<std::pair<size_t, uintptr_t>> free_[2] PINS_GUARDED_BY(mu_);  // free blocks by size; [locked]
+  FreeSet free_[2] PINS_GUARDED_BY(mu_);  // free blocks by size; [locked]
   std::vector<Block*> parked_ PINS_GUARDED_BY(mu_);
   std::map<uintptr_t, std::unique_ptr<Extent>> adopted_ PINS_GUARDED_BY(mu_);  // Note [Adopted blocks]
   PoolStats stats_ PINS_GUARDED_BY(mu_);

@@ -74,8 +74,8 @@ void* HostPool::allocate(size_t size, bool lock) {
                                   s.allocated_bytes.current, " bytes (backend ", s.backend, ")"));
 }
 
-HostPool::Block* HostPool::take_free(size_t asize, bool locked, uintptr_t fresh) {
-  auto& set = free_[locked];
+HostPool::FreeSet::const_iterator HostPool::find_free(size_t asize, bool locked, uintptr_t fresh) const {
+  const FreeSet& set = free_[locked];
   auto it = set.lower_bound({asize, 0});
   // Note [Idle extents are not cut]: past an idle extent of another size
   // than this request's own, to the next larger block; the one committed for
@@ -87,6 +87,12 @@ HostPool::Block* HostPool::take_free(size_t asize, bool locked, uintptr_t fresh)
     if (x->used > 0 || x->prewarmed || x->size == own || x->base == fresh) break;
     ++it;
   }
+  return it;
+}
+
+HostPool::Block* HostPool::take_free(size_t asize, bool locked, uintptr_t fresh) {
+  auto& set = free_[locked];
+  auto it = find_free(asize, locked, fresh);
   if (it == set.end()) return nullptr;
   Block* b = blocks_.at(it->second).get();
   if (b->ext->prewarmed) {
@@ -152,10 +158,9 @@ HostPool::CapRoom HostPool::cap_room(size_t size, bool lock) const {
   // Step 1 of try_allocate(): the free block it takes holds it. One of an idle
   // extent is in `room` already (taking it makes the extent used: the room
   // shrinks by the extent), so only one of an extent in use is told apart.
-  const size_t asize = round_align(std::min(size, kMaxAllocation));
-  const auto& set = free_[lock && can_lock_];
-  const auto it = set.lower_bound({asize, 0});
-  out.free_block = it != set.end() && blocks_.at(it->second)->ext->used > 0;
+  const bool locked = lock && can_lock_;
+  const auto it = find_free(round_align(std::min(size, kMaxAllocation)), locked);
+  out.free_block = it != free_[locked].end() && blocks_.at(it->second)->ext->used > 0;
   out.budgeted = budgeted_;
   return out;
 }
