@@ -16,6 +16,11 @@ size_t TraceRecorder::context_choice(size_t first) const {
   // what came after it repeats in the records.
   for (size_t i = first; i < records_.size(); ++i)
     if (!records_[i].departed && records_[i].context && (first > 0 || i == 0 || records_[i].next_repeats)) return i;
+  // Past a switch with no record of the same one, the record that came first
+  // in its streak, as this prompt does.
+  if (first > 0 && !same_workflow(records_[first], records_[0]))
+    for (size_t i = first; i < records_.size(); ++i)
+      if (!records_[i].departed && !records_[i].again) return i;
   return first;
 }
 
@@ -126,6 +131,7 @@ void TraceRecorder::end_prompt() {
       plain_said_ = first > 0 ? records_[first - 1].models : rec.models;
     }
     if (!records_.empty()) rec.before = records_.front().models;
+    rec.again = !records_.empty() && same_workflow(rec, records_.front());
     for (ModelId m : rec.models) rec.detour |= !records_.empty() && !knows_model(m);
     records_.push_front(std::move(rec));
     if (records_.size() > kRecords) records_.pop_back();

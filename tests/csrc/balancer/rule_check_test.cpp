@@ -158,6 +158,50 @@ TEST(TraceRecorderRuleChecks, TheSecondPromptOfAPairFollowsTheRecordThatCameSeco
   EXPECT_EQ(t.context_check().wrong_verdicts(), 0);
 }
 
+// Note [Trace context] past a switch with no record of the same one: the
+// first e1 after the first e2 pair (e1 e1 e2 e2 e1) follows both e1 records,
+// and no kept record came after an e2. The most recent e1 record came second in
+// its pair and was followed by e2; the older one came first in its streak, as
+// this prompt does, and was followed by e1. The choice predicts e1 next, and
+// the next prompt judges it right.
+TEST(TraceRecorderRuleChecks, TheFirstPromptAfterASwitchFollowsTheRecordThatCameFirstInItsStreak) {
+  TraceRecorder t;
+  for (const ModelId enc : {1, 1, 4, 4}) pair_prompt(t, enc);
+  run(t, 1);
+  ASSERT_TRUE(t.context_check().applies(kAnyModel));
+  EXPECT_LT(t.next_use(of(1, 100)), t.next_use(of(4, 400))) << "e1 again next, as after the first e1";
+  t.end_prompt();
+  pair_prompt(t, 1);
+  EXPECT_EQ(t.context_check().right_verdicts(), 1);
+  EXPECT_EQ(t.context_check().wrong_verdicts(), 0);
+}
+
+// A seed change takes the conditioning from the cache (Note [Cached
+// conditioning]), so its prompt runs a part of its workflow's models: it
+// continues the streak of that workflow. Workflow a (encoder 1, sampler 2) runs
+// with new text and then with a new seed, b (encoder 4, sampler 5) twice, and a
+// seed change of a follows both a records: the one that came first in a's
+// streak predicts a again, the seed change's own successor b.
+TEST(TraceRecorderRuleChecks, ASeedChangeContinuesTheStreakOfItsWorkflow) {
+  TraceRecorder t;
+  const auto prompt = [&](ModelId enc, ModelId sampler, bool encode) {
+    if (encode) t.record(of(enc, 100 * enc));
+    for (int i = 0; i < 3; ++i) t.record(of(sampler, 10 * sampler));
+    t.record(of(3, 30));
+  };
+  for (const bool encode : {true, false}) {
+    prompt(1, 2, encode);
+    t.end_prompt();
+  }
+  for (int i = 0; i < 2; ++i) {
+    prompt(4, 5, true);
+    t.end_prompt();
+  }
+  prompt(1, 2, /*encode=*/false);
+  ASSERT_TRUE(t.context_check().applies(kAnyModel));
+  EXPECT_LT(t.next_use(of(2, 20)), t.next_use(of(5, 50))) << "a's sampler again next, as after a's first prompt";
+}
+
 // A workflow that ran once between reruns of another (e1 e1 e2 e1) is no
 // pattern: the rerun after it predicts itself, not e2 again.
 TEST(TraceRecorderRuleChecks, ARerunAfterAOneOffDoesNotPredictTheOneOff) {
