@@ -18,7 +18,7 @@ size_t TraceRecorder::context_choice(size_t first) const {
     if (!records_[i].departed && records_[i].context && (first > 0 || i == 0 || records_[i].next_repeats)) return i;
   // Past a switch with no record of the same one, the record that came first
   // in its streak, as this prompt does.
-  if (first > 0 && !same_workflow(records_[first], records_[0]))
+  if (first > 0 && !records_[first].with_last)
     for (size_t i = first; i < records_.size(); ++i)
       if (!records_[i].departed && !records_[i].again) return i;
   return first;
@@ -137,7 +137,10 @@ void TraceRecorder::end_prompt() {
     if (records_.size() > kRecords) records_.pop_back();
     // Which records followed what the prompt just before the next one (this
     // one) ran.
-    for (Record& r : records_) r.context = !r.before.empty() && r.before == records_.front().models;
+    for (Record& r : records_) {
+      r.context = !r.before.empty() && r.before == records_.front().models;
+      r.with_last = same_workflow(r, records_.front());
+    }
     for (size_t i = 1; i < records_.size(); ++i) {
       const auto& next = records_[i - 1].models;
       records_[i].next_repeats =

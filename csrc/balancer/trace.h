@@ -256,7 +256,8 @@ class TraceRecorder {
     // It ran a model no earlier kept record knew, after some record: a
     // workflow new then (Note [First-seen models]).
     bool detour = false;
-    bool again = false;  // the prompt before it ran its workflow (same_workflow)
+    bool again = false;      // the prompt before it ran its workflow (same_workflow)
+    bool with_last = false;  // the last prompt ran its workflow (same_workflow)
   };
   // Note [Trace context]: b continues a's workflow, or a b's.
   static bool same_workflow(const Record& a, const Record& b) {
