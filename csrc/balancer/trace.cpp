@@ -185,6 +185,8 @@ TraceRecorder::Rank TraceRecorder::rank(const TraceKey& k) const {
     if (auto f = now_first_.find(k); f != now_first_.end())
       return {1, (defers_conditioning(k.model) ? ref.keys.size() : 0) + f->second.first};
     if (it != ref.pos.end()) return {1, ref.keys.size() + it->second.front()};
+    for (size_t j = 1; j < records_.size(); ++j)
+      if (auto o = records_[j].pos.find(k); o != records_[j].pos.end()) return {1, ref.keys.size() + o->second.front()};
     return {2, 0};
   }
   uint64_t offset = 0;

@@ -44,6 +44,20 @@ TEST(TraceRecorder, RerunPredictsFromTheRecordThenFromItsOwnStart) {
   EXPECT_EQ(t.next_use(w(9)), TraceRecorder::kNever);
 }
 
+// A seed change runs the sampler (2, 3) without the encoder (1), whose output
+// comes from the application's cache: its rerun predicts the encoder where the
+// older full prompt had it, one prompt later (the next text change), not never.
+TEST(TraceRecorder, ARerunPredictsWhatOnlyAnOlderRecordUsedAfterTheNextPrompt) {
+  TraceRecorder t;
+  prompt(t, {1, 2, 3});
+  prompt(t, {2, 3});
+  t.record(w(2));  // the seed change again: cursor 1
+  EXPECT_EQ(t.next_use(w(3)), 0u);
+  EXPECT_EQ(t.next_use(w(2)), 1u);
+  EXPECT_EQ(t.next_use(w(1)), 3u) << "after the rest (1) and the next rerun (2)";
+  EXPECT_EQ(t.next_use(w(9)), TraceRecorder::kNever);
+}
+
 TEST(TraceRecorder, AlternatingPromptsPredictTheOtherWorkflow) {
   TraceRecorder t;
   prompt(t, {1, 2});  // A
