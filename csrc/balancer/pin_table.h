@@ -95,7 +95,12 @@ struct Asker {
 // by predicted next use: the layers the load pinned are used before the new
 // one and stay, but the pin of a layer that stayed on the device, which only an
 // older record used, may go. The rule kept it and refused a layer the model
-// loads every prompt, which then came from disk every prompt.
+// loads every prompt, which then came from disk every prompt. Nor are idle
+// pins taken first while the trace is followed: a layer that stayed on the
+// device through seed changes is loaded again when the text changes and the
+// encoder takes the device, which the full prompt's record says; the
+// prediction ranks the idle pin like any other (issue 39's third round,
+// docs/SIMULATOR.md).
 //
 // Note [First-seen models]
 // Under the trace policy, a new cache (-loaded) pin of a model that no kept

@@ -44,10 +44,12 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
   const bool for_patch = asker.target && is_patch(*asker.target);
   const bool for_cache = asker.target && !is_streaming(*asker.target);
   const auto own = [&](const Pin& p) { return for_cache && p.model == asker.model && p.subset == *asker.target; };
-  // Note [Idle cache pins]: first, each model's cache pins unused through its last prompt.
+  // Note [Idle cache pins]: first, each model's cache pins unused through its
+  // last prompt, unless the trace's prediction ranks them.
   std::unordered_set<const Pin*> idle;  // visited here, skipped below
+  const bool predicted = policy_ == PolicyKind::Trace && trace_.following();
   for (auto& [id, m] : models_) {
-    if (!m->idle_through) continue;
+    if (!m->idle_through || predicted) continue;
     for (const Subset s : {Subset::WeightsLoaded, Subset::PatchesLoaded}) {
       if (for_patch && !is_patch(s)) continue;
       const auto& by_use = m->by_use[static_cast<int>(s)];

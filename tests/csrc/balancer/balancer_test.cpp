@@ -341,6 +341,29 @@ TEST(BalancerPolicy, TraceLetsAFirstSeenModelTakeThePinsOfAWorkflowThatHasNotRun
   }
 }
 
+// Note [Idle cache pins] under the trace: a's layer 1 stays on the device
+// through a seed change, so its pin goes unused, and the next prompt that
+// changes the text loads it again first, as the full prompt's record says.
+// While the trace is followed its prediction ranks the idle pin like any other:
+// a free of one pin takes b's, predicted used last, and 1 stays. mru takes the
+// idle pin first.
+TEST(BalancerIdleCachePins, UnderTheTraceAnIdlePinIsRankedByItsNextUse) {
+  for (PolicyKind policy : {PolicyKind::Trace, PolicyKind::Mru}) {
+    SCOPED_TRACE(to_string(policy));
+    Fixture f(3, policy_config(policy));
+    const ModelId a = f.bal.register_model("a", "cuda:0");
+    const ModelId b = f.bal.register_model("b", "cuda:0");
+    f.bal.mark_prompt({a, b});  // the full prompt: 1 loaded, 3 streamed, b's 7 loaded
+    ASSERT_TRUE(f.cast(f.req(a, 1, Kind::Weights, true)) && f.cast(f.req(a, 3)) && f.cast(f.req(b, 7, Kind::Weights, true)));
+    f.bal.end_prompt();
+    f.prompt(a, {3});  // a seed change: 1 stays on the device
+    EXPECT_EQ(f.bal.free(U), U);
+    EXPECT_EQ(f.has(a, 1, Subset::WeightsLoaded), policy == PolicyKind::Trace);
+    EXPECT_EQ(f.has(b, 7, Subset::WeightsLoaded), policy == PolicyKind::Mru);
+    EXPECT_TRUE(f.has(a, 3, Subset::Weights));
+  }
+}
+
 // Note [Rule checks] for Note [First-seen models]: b, new after a's loop, is
 // refused its loaded layer to spare a; then b runs again before a: the rule was
 // wrong, and it stops. When a new model c comes after another loop d, its
