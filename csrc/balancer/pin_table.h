@@ -124,6 +124,18 @@ struct Asker {
 // landed (1e74997), on suite seeds 1-5, 49 -> 39 scenarios read more than the
 // lesser of lru and mru plus a layer a run; what the limits and the check
 // change: docs/SIMULATOR.md "Rules with a check of their own".
+// Before the check's first verdict the rule applies only where the records
+// show the user's workflows taking turns: of the kept records that came first
+// in their workflow's streak (Note [Trace context]), more were followed by
+// another workflow than by their own (TraceRecorder::streaks_go_on). Where the
+// user runs each workflow again and again (a a b, a a a b), a new workflow is
+// taken for the next loop, not a one-off: its loaded layers take the pins of
+// the workflow it follows, as issue 39 asks. (The rule had applied until its
+// first wrong verdict, so a new workflow that repeats at once read its loaded
+// layers again in its second prompt, whatever the check learned after.) On
+// pins-sim's held-out sets 1-7, 15 -> 11 of 280 scenarios read more than
+// min(lru, mru) plus a layer, on sets 8-15 13 -> 9 of 320, suite seeds 1-5 14
+// -> 15 of 1,000 (docs/SIMULATOR.md, "Issue 39's third round").
 class PinTable {
  public:
   explicit PinTable(PolicyKind policy);

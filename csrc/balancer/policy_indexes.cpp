@@ -97,7 +97,8 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
         return m == nullptr || m->in_prompt || m->active;
       });
     });
-    if (check.applies(asker.model)) {
+    // Before the check's first verdict, the records' streaks decide.
+    if (check.check().judged() ? check.applies(asker.model) : !trace_.streaks_go_on()) {
       // The first prompt of all, with no record, spares every pin it made.
       if (trace_.records() == 0) return;
       spare = check.spared(asker.model);

@@ -26,7 +26,8 @@
 // verdict of its own (a model never seen before) follows the rule's overall
 // trust, which every verdict moves the same way: a user who loops on every new
 // workflow, or changes the text every prompt, has the rule off for the next
-// new model too. Judging costs O(models) at a prompt boundary and nothing per
+// new model too. (Before the first-seen rule's first verdict, the records'
+// streaks decide instead: Note [First-seen models].) Judging costs O(models) at a prompt boundary and nothing per
 // cast. (An ARC-style ghost list, the keys a rule refused with what mru would
 // have read, would cost a lookup per cast and measure the cache rather than the
 // prediction; the predictions here are about whole models, so the prompt's
@@ -57,6 +58,7 @@ class RuleCheck {
   void forget(ModelId m) { trust_.erase(m); }
   int64_t wrong_verdicts() const { return wrong_; }
   int64_t right_verdicts() const { return right_; }
+  bool judged() const { return wrong_ + right_ > 0; }
 
  private:
   static int next(int trust, bool right) { return right ? (trust < 0 ? trust + 1 : 0) : kWrong; }

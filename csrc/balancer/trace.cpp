@@ -141,6 +141,10 @@ void TraceRecorder::end_prompt() {
       r.context = !r.before.empty() && r.before == records_.front().models;
       r.with_last = same_workflow(r, records_.front());
     }
+    int went_on = 0, switched = 0;  // streaks_go_on()
+    for (size_t i = 1; i < records_.size(); ++i)
+      if (!records_[i].again) (records_[i - 1].again ? went_on : switched)++;
+    streaks_go_on_ = went_on > switched;
     for (size_t i = 1; i < records_.size(); ++i) {
       const auto& next = records_[i - 1].models;
       records_[i].next_repeats =

@@ -244,6 +244,11 @@ class TraceRecorder {
     conditioning_check_.forget(m);
   }
   int64_t departures() const { return departures_; }
+  // Note [First-seen models]: whether more of the kept records that came first
+  // in their workflow's streak (Record::again false) were followed by the same
+  // workflow than by another: the user's workflows go on past their first
+  // prompt.
+  bool streaks_go_on() const { return streaks_go_on_; }
 
  private:
   struct Record {
@@ -302,6 +307,7 @@ class TraceRecorder {
   bool overflow_ = false;       // this prompt passed kLimit
   int64_t departures_ = 0;      // COUNT prompts that departed from every record
   uint64_t generation_ = 0;     // changes of the active record (Note [Trace index])
+  bool streaks_go_on_ = false;  // streaks_go_on()
 
   // The active record's index in records_ (the first one still followed, or
   // Note [Trace context]'s choice); records_.size() when none is.

@@ -364,25 +364,28 @@ TEST(BalancerIdleCachePins, UnderTheTraceAnIdlePinIsRankedByItsNextUse) {
   }
 }
 
-// Note [Rule checks] for Note [First-seen models]: b, new after a's loop, is
-// refused its loaded layer to spare a; then b runs again before a: the rule was
-// wrong, and it stops. When a new model c comes after another loop d, its
-// loaded layer is pinned.
+// Note [Rule checks] for Note [First-seen models]: after x and a took turns, b,
+// new after a, is refused its loaded layer to spare a; then b runs again
+// before a: the rule was wrong, and it stops. When a new model c comes after
+// another loop d, its loaded layer is pinned.
 TEST(BalancerPolicy, TraceStopsSparingAWorkflowForNewModelsThatRepeat) {
   Fixture f(3, policy_config(PolicyKind::Trace));
   const ModelId a = f.bal.register_model("a", "cuda:0");
   const ModelId b = f.bal.register_model("b", "cuda:0");
   const ModelId c = f.bal.register_model("c", "cuda:0");
   const ModelId d = f.bal.register_model("d", "cuda:0");
+  const ModelId x = f.bal.register_model("x", "cuda:0");
   const auto load = [&](ModelId m, uint64_t key) {
     f.bal.mark_prompt({m});
     const bool pinned = f.cast(f.req(m, key, Kind::Weights, true));
     f.bal.end_prompt();
     return pinned;
   };
-  f.prompt(a, {1, 2, 3});
-  f.prompt(a, {1, 2, 3});
-  EXPECT_FALSE(load(b, 10)) << "first seen: a, a loop, is spared";
+  for (int i = 0; i < 2; ++i) {
+    load(x, 40);
+    f.prompt(a, {1, 2, 3});
+  }
+  EXPECT_FALSE(load(b, 10)) << "first seen after workflows that took turns: a is spared";
   EXPECT_EQ(f.bal.stats().rule_first_seen_wrong, 0);
   load(b, 10);  // b again, before a
   EXPECT_EQ(f.bal.stats().rule_first_seen_wrong, 1);
@@ -391,6 +394,34 @@ TEST(BalancerPolicy, TraceStopsSparingAWorkflowForNewModelsThatRepeat) {
   f.prompt(d, {31, 32, 33});
   EXPECT_TRUE(load(c, 20)) << "the rule stopped: c's loaded layer takes a pin of d";
   EXPECT_EQ(f.count(d, Subset::Weights), 2);
+}
+
+// Note [First-seen models] before any verdict: the records say whether the
+// user's workflows go on past their first prompt. After a a, a new b is taken
+// for the next loop and its loaded layer takes a pin of a; after x a x a, where
+// each workflow's first prompt was followed by another, b is taken for a
+// one-off and a is spared.
+TEST(BalancerPolicy, TraceSparesAWorkflowForANewModelOnlyWhereWorkflowsTookTurns) {
+  for (const bool turns : {false, true}) {
+    SCOPED_TRACE(turns ? "x a x a b" : "a a b");
+    Fixture f(3, policy_config(PolicyKind::Trace));
+    const ModelId a = f.bal.register_model("a", "cuda:0");
+    const ModelId b = f.bal.register_model("b", "cuda:0");
+    const ModelId x = f.bal.register_model("x", "cuda:0");
+    const auto load = [&](ModelId m, uint64_t key) {
+      f.bal.mark_prompt({m});
+      const bool pinned = f.cast(f.req(m, key, Kind::Weights, true));
+      f.bal.end_prompt();
+      return pinned;
+    };
+    for (int i = 0; i < 2; ++i) {
+      if (turns) load(x, 40);
+      f.prompt(a, {1, 2, 3});
+    }
+    ASSERT_EQ(f.count(a, Subset::Weights), 3);
+    EXPECT_EQ(load(b, 10), !turns);
+    EXPECT_EQ(f.count(a, Subset::Weights), turns ? 3 : 2);
+  }
 }
 
 // Note [Cached conditioning]: an encoder e (one layer), a sampler s (one
