@@ -27,11 +27,11 @@
 // trust, which every verdict moves the same way: a user who loops on every new
 // workflow, or changes the text every prompt, has the rule off for the next
 // new model too. (Before the first-seen rule's first verdict, the records'
-// streaks decide instead: Note [First-seen models].) Judging costs O(models) at a prompt boundary and nothing per
-// cast. (An ARC-style ghost list, the keys a rule refused with what mru would
-// have read, would cost a lookup per cast and measure the cache rather than the
-// prediction; the predictions here are about whole models, so the prompt's
-// model set is the whole evidence.)
+// streaks decide instead: Note [First-seen models].) Judging costs O(models)
+// at a prompt boundary and nothing per cast. (An ARC-style ghost list, the
+// keys a rule refused with what mru would have read, would cost a lookup per
+// cast and measure the cache rather than the prediction; the predictions here
+// are about whole models, so the prompt's model set is the whole evidence.)
 #pragma once
 
 #include <cstdint>

@@ -354,7 +354,9 @@ TEST(BalancerIdleCachePins, UnderTheTraceAnIdlePinIsRankedByItsNextUse) {
     const ModelId a = f.bal.register_model("a", "cuda:0");
     const ModelId b = f.bal.register_model("b", "cuda:0");
     f.bal.mark_prompt({a, b});  // the full prompt: 1 loaded, 3 streamed, b's 7 loaded
-    ASSERT_TRUE(f.cast(f.req(a, 1, Kind::Weights, true)) && f.cast(f.req(a, 3)) && f.cast(f.req(b, 7, Kind::Weights, true)));
+    ASSERT_TRUE(f.cast(f.req(a, 1, Kind::Weights, true)));
+    ASSERT_TRUE(f.cast(f.req(a, 3)));
+    ASSERT_TRUE(f.cast(f.req(b, 7, Kind::Weights, true)));
     f.bal.end_prompt();
     f.prompt(a, {3});  // a seed change: 1 stays on the device
     EXPECT_EQ(f.bal.free(U), U);
