@@ -26,7 +26,10 @@
 // used one prompt later, at its position in the most recent such record, as
 // the deferred conditioning is (Note [Cached conditioning]): a seed change
 // ranked the encoder it did not run as never used, and the text change after
-// it read the encoder again. (Until
+// it read the encoder again. The prediction lasts while that record is kept
+// (kRecords prompts), which bounds it when wrong; a check like Note [Rule
+// checks]' would judge it only as the record goes, and changed no scenario's
+// verdict in pins-sim (docs/SIMULATOR.md, "Issue 39's third round"). (Until
 // 2026-12 only the one prompt after the active record counted, and a pin of any
 // prompt before the active record's workflow came round was never used again:
 // with three workflows in turn, the next workflow's pins ranked as never used.
