@@ -104,6 +104,14 @@ struct Fixture {
     for (uint64_t k : keys) EXPECT_TRUE(cast(req(m, k))) << "refused: key " << k;
     bal.end_prompt();
   }
+  // One prompt of model m loading layer `id`, which stays on the device:
+  // whether it got a pin.
+  bool load(ModelId m, uint64_t id) {
+    bal.mark_prompt({m});
+    const bool pinned = cast(req(m, id, Kind::Weights, true));
+    bal.end_prompt();
+    return pinned;
+  }
   int count(ModelId m, Subset s) {
     int n = 0;
     for (const auto& p : bal.pins()) n += p.model == m && p.subset == s;
@@ -377,24 +385,18 @@ TEST(BalancerPolicy, TraceStopsSparingAWorkflowForNewModelsThatRepeat) {
   const ModelId c = f.bal.register_model("c", "cuda:0");
   const ModelId d = f.bal.register_model("d", "cuda:0");
   const ModelId x = f.bal.register_model("x", "cuda:0");
-  const auto load = [&](ModelId m, uint64_t key) {
-    f.bal.mark_prompt({m});
-    const bool pinned = f.cast(f.req(m, key, Kind::Weights, true));
-    f.bal.end_prompt();
-    return pinned;
-  };
   for (int i = 0; i < 2; ++i) {
-    load(x, 40);
+    f.load(x, 40);
     f.prompt(a, {1, 2, 3});
   }
-  EXPECT_FALSE(load(b, 10)) << "first seen after workflows that took turns: a is spared";
+  EXPECT_FALSE(f.load(b, 10)) << "first seen after workflows that took turns: a is spared";
   EXPECT_EQ(f.bal.stats().rule_first_seen_wrong, 0);
-  load(b, 10);  // b again, before a
+  f.load(b, 10);  // b again, before a
   EXPECT_EQ(f.bal.stats().rule_first_seen_wrong, 1);
   // A loop d then holds every pin; c, new after it, is not refused: the rule stopped.
   f.prompt(d, {31, 32, 33});
   f.prompt(d, {31, 32, 33});
-  EXPECT_TRUE(load(c, 20)) << "the rule stopped: c's loaded layer takes a pin of d";
+  EXPECT_TRUE(f.load(c, 20)) << "the rule stopped: c's loaded layer takes a pin of d";
   EXPECT_EQ(f.count(d, Subset::Weights), 2);
 }
 
@@ -410,18 +412,12 @@ TEST(BalancerPolicy, TraceSparesAWorkflowForANewModelOnlyWhereWorkflowsTookTurns
     const ModelId a = f.bal.register_model("a", "cuda:0");
     const ModelId b = f.bal.register_model("b", "cuda:0");
     const ModelId x = f.bal.register_model("x", "cuda:0");
-    const auto load = [&](ModelId m, uint64_t key) {
-      f.bal.mark_prompt({m});
-      const bool pinned = f.cast(f.req(m, key, Kind::Weights, true));
-      f.bal.end_prompt();
-      return pinned;
-    };
     for (int i = 0; i < 2; ++i) {
-      if (turns) load(x, 40);
+      if (turns) f.load(x, 40);
       f.prompt(a, {1, 2, 3});
     }
     ASSERT_EQ(f.count(a, Subset::Weights), 3);
-    EXPECT_EQ(load(b, 10), !turns);
+    EXPECT_EQ(f.load(b, 10), !turns);
     EXPECT_EQ(f.count(a, Subset::Weights), turns ? 3 : 2);
   }
 }
