@@ -118,6 +118,7 @@ void Balancer::mark_prompt(const std::vector<ModelId>& models) {
     if (!m.in_prompt) m.prompt_peak = held_bytes(m);  // Note [Prewarm]: its peak in this prompt starts here
     m.in_prompt = true;
   }
+  table_.mark_prompt(models);
 }
 
 namespace {

@@ -171,6 +171,8 @@ class PinTable {
   void end_prompt();
   // A prompt starts: its start on the clock (Note [Idle cache pins]).
   void start_prompt() { prompt_start_ = clock_; }
+  // The current prompt marked `models` (Note [Trace marks]).
+  void mark_prompt(const std::vector<ModelId>& models) { trace_.mark(models); }
   // The simulator's clairvoyant reuse policy (ReuseHistory::set_future).
   void set_reuse_future(ReuseHistory::Future future) { reuse_.set_future(std::move(future)); }
   // The eviction order of `reach` for `asker`, walked until `visit` returns

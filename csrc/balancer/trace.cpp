@@ -70,6 +70,10 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
     following |= !rec.departed;
   }
   if (moved != nullptr && !reported) moved->push_back(k);  // its first use in this prompt may be new
+  settle(was_active, following);
+}
+
+void TraceRecorder::settle(size_t was_active, bool following) {
   if (active() != was_active) generation_++;
   if (!following) {
     departed_ = true;
@@ -114,6 +118,7 @@ void TraceRecorder::end_prompt() {
     // Note [Rule checks]: this prompt judges the rules' earlier predictions.
     static const std::unordered_set<ModelId> kNone;
     conditioning_check_.end_prompt(looped_ ? conditioning_ : kNone, rec.models, rec.samplers);
+    rec.looped = !rec.samplers.empty();
     if (rec.samplers.empty()) rec.samplers = rec.models;
     first_seen_.end_prompt(rec.models, rec.samplers);
     // Note [Trace context]: the choice (made or not) is judged by this prompt,
@@ -157,6 +162,7 @@ void TraceRecorder::end_prompt() {
     rec.departed = false;
   }
   departed_ = records_.empty();
+  marked_.clear();
   generation_++;
 }
 
@@ -164,6 +170,22 @@ bool TraceRecorder::knows_model(ModelId m) const {
   for (const Record& r : records_)
     if (r.models.count(m) != 0) return true;
   return false;
+}
+
+void TraceRecorder::mark(const std::vector<ModelId>& models) {
+  marked_.insert(models.begin(), models.end());
+  if (departed_) return;
+  // Note [Trace marks]: only once the marks name a sampler of a followed record.
+  bool named = false;
+  for (const Record& r : records_) named |= !r.departed && r.looped && meets(r.samplers, marked_);
+  if (!named) return;
+  const size_t was_active = active();
+  bool following = false;
+  for (Record& r : records_) {
+    if (!r.departed && !meets(r.samplers, marked_)) r.departed = true;
+    following |= !r.departed;
+  }
+  settle(was_active, following);
 }
 
 void TraceRecorder::depart() {

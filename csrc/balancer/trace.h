@@ -129,6 +129,30 @@
 // prediction (the e2 prompt after it 0 -> 5.3 GiB): 24.3 -> 25.8 GiB in all,
 // against mru's 31.8 and clairvoyant's 20.8.
 //
+// Note [Trace marks]
+// A prompt's marks (mark_prompt) name the models it runs: pins.prompt() and
+// the diffusers adapter mark them all as the prompt starts; ComfyUI's
+// integration marks each as it loads. The records are followed by their keys,
+// so two workflows that share an encoder (WAN 2.2 14B and 5B share UMT5;
+// SD3.5 and HiDream share T5-XXL) both follow until the first sampler key, and the
+// active one is the most recent: the other workflow's, when the user switches
+// back. It predicts its own sampler's pins in this prompt, ahead of the
+// encoder's, and the bypass (Note [Trace bypass]) refuses the encoder the pins
+// it needs (after w0 w0 w1 w1, the w0 prompt left UMT5 to the page cache, and
+// the next w0 prompt read it again). So once the marks name a sampler of some
+// followed record (a model that looped in it: Record::looped), every followed
+// record whose samplers the marks do not name departs. A record with no loop
+// (its models stayed on the device) names no sampler, since its samplers are
+// all its models and a shared encoder would name them; it departs only when
+// the marks name none of its models. Marks that name no sampler yet
+// (ComfyUI's, before the sampler loads) change nothing, and once the sampler
+// loads its keys depart those records anyway. On pins-sim's held-out sets
+// (seeds 1-23, marks at the prompt's start) 34 -> 24 of 920 scenarios read
+// more than min(lru, mru) plus a layer a run, and the worst trace/mru among
+// them 1.28 -> 1.20; on suite seeds 1-5 15 -> 14 of 1,000; with ComfyUI's
+// marking (--mark on-use) no count changes (docs/SIMULATOR.md, "Issue 39's
+// fourth round").
+//
 // Note [Trace index]
 // A prediction is next_use = rank's class and value read against the active
 // record: class 0, an absolute position p at or after the cursor (next use
@@ -189,6 +213,8 @@ class TraceRecorder {
   void end_prompt();
   // The rest of this prompt follows no record (a change of policy).
   void depart();
+  // Note [Trace marks]: the current prompt marked `models`.
+  void mark(const std::vector<ModelId>& models);
 
   // Whether some record is still followed: only then is next_use() a prediction.
   bool following() const { return !departed_; }
@@ -263,6 +289,7 @@ class TraceRecorder {
     // The models that looped: a key of theirs accessed kLoopPasses times (the
     // samplers, Note [Cached conditioning]); all of `models` when none did.
     std::unordered_set<ModelId> samplers;
+    bool looped = false;  // `samplers` are the models that looped
     std::unordered_set<ModelId> before;  // the models of the prompt before it (Note [Trace context])
     bool context = false;  // `before` is what the last prompt ran
     // The prompt after it ran what another kept record ran (Note [Trace context]).
@@ -305,6 +332,7 @@ class TraceRecorder {
   // choice and the plain one predicted the next prompt to run (empty: no choice).
   RuleCheck context_check_;
   std::unordered_set<ModelId> context_said_, plain_said_;
+  std::unordered_set<ModelId> marked_;  // Note [Trace marks]: the current prompt's
   std::deque<Record> records_;  // the last prompts' records, most recent first
   bool departed_ = true;        // every record departed
   bool overflow_ = false;       // this prompt passed kLimit
@@ -319,6 +347,9 @@ class TraceRecorder {
   // [Trace context] would choose past it (itself when none).
   size_t first_followed() const;
   size_t context_choice(size_t first) const;
+  // After records departed: a new generation when the active record changed
+  // (`was_active` before), and the prompt departed when none is `following`.
+  void settle(size_t was_active, bool following);
   // Note [Cached conditioning]: the current prompt's access `k`, at `seen`.
   void find_conditioning(const TraceKey& k, const Seen& seen);
   // Forgets the current prompt's accesses (`release`: and their memory).

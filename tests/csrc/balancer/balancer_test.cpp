@@ -466,6 +466,43 @@ TEST(BalancerPolicy, TraceGivesARerunsConditioningPinToTheLayersAfterTheLoop) {
   }
 }
 
+// Note [Trace marks]: workflows a (sampler sa) and b (sampler sb) share an
+// encoder e of two layers that stay on the device; room for three pins. After
+// a b b, b's samplers hold two pins and e's second layer none (b's rerun
+// refused it for the sampler's pins, used sooner). Then a runs: its encoder
+// follows every record, and the most recent, b's, predicts sb's pins in this
+// prompt. Marked as the prompt starts (pins.prompt()), a's sampler departs b's
+// records: e's second layer comes before them and takes a pin. Marked as each
+// model loads (ComfyUI), the encoder's mark names no sampler and it is refused,
+// as without marks.
+TEST(BalancerPolicy, TraceFollowsTheWorkflowWhoseSamplerThePromptMarked) {
+  for (const bool upfront : {true, false}) {
+    SCOPED_TRACE(upfront ? "marked at the start" : "marked on load");
+    Fixture f(3, policy_config(PolicyKind::Trace));
+    const ModelId e = f.bal.register_model("e", "cuda:0");
+    const ModelId sa = f.bal.register_model("sa", "cuda:0");
+    const ModelId sb = f.bal.register_model("sb", "cuda:0");
+    std::vector<bool> encoded;  // whether each cast of e's layers was served from a pin
+    const auto run = [&](ModelId sampler, std::initializer_list<uint64_t> keys, bool mark_all) {
+      encoded.clear();
+      f.bal.mark_prompt(mark_all ? std::vector<ModelId>{e, sampler} : std::vector<ModelId>{e});
+      for (uint64_t k : {1, 2}) encoded.push_back(f.cast(f.req(e, k, Kind::Weights, true)));
+      f.bal.mark_prompt({sampler});
+      for (int i = 0; i < 3; ++i)
+        for (uint64_t k : keys) f.cast(f.req(sampler, k));
+      f.bal.end_prompt();
+    };
+    run(sa, {10}, true);
+    run(sb, {20, 21}, true);
+    run(sb, {20, 21}, true);
+    ASSERT_FALSE(encoded[1]) << "b's rerun refuses e's second layer";
+    ASSERT_TRUE(f.has(sb, 20, Subset::Weights) && f.has(sb, 21, Subset::Weights));
+    run(sa, {10}, upfront);
+    EXPECT_EQ(encoded[1], upfront);
+    EXPECT_EQ(f.has(e, 2, Subset::WeightsLoaded), upfront);
+  }
+}
+
 // free(loaded): ComfyUI's free_pins(loaded=True), room for a cache pin: tiers
 // 1-3 only, so the prompt's streaming pins stay even when evict_active says more.
 TEST(BalancerTiers, LoadedFreeSparesThePromptsStreamingPins) {

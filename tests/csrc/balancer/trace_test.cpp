@@ -233,6 +233,70 @@ TEST(TraceRecorder, OnlyARerunPredictionDefersTheConditioning) {
   EXPECT_EQ(t.next_use(of(1, 10)), 2u);
 }
 
+// One prompt: the encoder (model 1) once, then `sampler`'s layer three times
+// (a loop), or once (`loops` false: it stayed on the device).
+void encode_and_sample(TraceRecorder& t, ModelId sampler, bool loops = true) {
+  t.record(of(1, 100));
+  for (int i = 0; i < (loops ? 3 : 1); ++i) t.record(of(sampler, 10 * sampler));
+  t.end_prompt();
+}
+
+// Note [Trace marks]: workflows a (sampler 2) and b (sampler 5) share the
+// encoder. After a b, an a prompt follows both records through the encoder,
+// and b's, the most recent, predicts b's sampler in this prompt. Marks naming
+// a's sampler depart b's record, as the prompt starts or as the sampler loads
+// after the encoder ran; a mark of the encoder alone departs nothing.
+TEST(TraceRecorder, MarksNamingASamplerDepartTheRecordsOfOtherWorkflows) {
+  for (const int marked_at : {0, 1, -1}) {  // accesses recorded before the sampler's mark; -1: none
+    SCOPED_TRACE(marked_at);
+    TraceRecorder t;
+    encode_and_sample(t, 2);
+    encode_and_sample(t, 5);
+    t.mark({1});
+    if (marked_at == 0) t.mark({2});
+    t.record(of(1, 100));
+    if (marked_at == 1) t.mark({2});
+    ASSERT_TRUE(t.following());
+    if (marked_at < 0) {
+      EXPECT_LT(t.next_use(of(5, 50)), t.next_use(of(2, 20))) << "b's record: b's sampler in this prompt";
+    } else {
+      EXPECT_LT(t.next_use(of(2, 20)), t.next_use(of(5, 50))) << "a's record: a's sampler now, b's next prompt";
+    }
+  }
+}
+
+// A record with no loop (its models stayed on the device) names no sampler.
+// After b (a loop over sampler 5) and c (the encoder and model 6, once each):
+// ComfyUI's mark of the encoder as it loads departs nothing, so b's record is
+// still followed when b's sampler comes; marks that name b's sampler depart c
+// only when they name none of its models.
+TEST(TraceRecorder, MarksDepartARecordWithNoLoopOnlyWhenTheyNameNoneOfItsModels) {
+  const auto b_then_c = [](TraceRecorder& t) {
+    encode_and_sample(t, 5);
+    encode_and_sample(t, 6, /*loops=*/false);
+  };
+  {
+    TraceRecorder t;
+    b_then_c(t);
+    t.mark({1});
+    t.record(of(1, 100));
+    t.record(of(5, 50));  // departs c's record by its keys
+    EXPECT_TRUE(t.following()) << "the encoder's mark left b's record followed";
+  }
+  {
+    TraceRecorder t;
+    b_then_c(t);
+    t.mark({1, 5});
+    EXPECT_LT(t.next_use(of(6, 60)), t.next_use(of(5, 50))) << "c ran the marked encoder: it stays, the most recent";
+  }
+  {
+    TraceRecorder t;
+    b_then_c(t);
+    t.mark({5});  // a seed change of b: c ran none of the marked models
+    EXPECT_LT(t.next_use(of(5, 50)), t.next_use(of(6, 60))) << "c departed: b's record is active";
+  }
+}
+
 // Note [Trace index]: within one generation, a key whose rank an access changes
 // is among the keys record() reports as moved; a change of the active record
 // changes the generation. Random prompts over a few keys: reruns, prefixes,
@@ -261,10 +325,29 @@ TEST(TraceRecorder, RecordReportsEveryKeyWhoseRankMoved) {
       for (size_t i = 0; i < len; ++i) next.push_back(universe[rng() % universe.size()]);
     }
     for (const TraceKey& k : next) {
-      std::vector<TraceRecorder::Rank> before;
-      const bool following = t.following();
-      for (const TraceKey& u : universe) before.push_back(following ? t.rank(u) : TraceRecorder::Rank{});
-      const uint64_t gen = t.generation();
+      const auto ranks = [&] {
+        std::vector<TraceRecorder::Rank> out;
+        for (const TraceKey& u : universe) out.push_back(t.following() ? t.rank(u) : TraceRecorder::Rank{});
+        return out;
+      };
+      std::vector<TraceRecorder::Rank> before = ranks();
+      bool following = t.following();
+      uint64_t gen = t.generation();
+      if (rng() % 4 == 0) {
+        // Note [Trace marks]: a mark that departs records changes the
+        // generation or no rank.
+        t.mark({static_cast<ModelId>(rng() % 3)});
+        if (following && t.following() && t.generation() == gen)
+          for (size_t i = 0; i < universe.size(); ++i) {
+            const TraceRecorder::Rank r = t.rank(universe[i]);
+            ASSERT_TRUE(r.cls == before[i].cls && r.value == before[i].value)
+                << "seed " << seed << " prompt " << p << ": key " << universe[i].key.storage
+                << " moved by a mark in the same generation";
+          }
+        before = ranks();
+        following = t.following();
+        gen = t.generation();
+      }
       moved.clear();
       t.record(k, &moved);
       if (!following || !t.following() || t.generation() != gen) continue;
