@@ -50,14 +50,13 @@ bool visit_merged(std::vector<Stream<It>>& streams, RankOf rank_of,
 // are visited by visit_merged() in the order of rank_of.
 template <typename It, typename Add, typename RankOf>
 void walk_merged_tiers(const Models& models, Reach reach, unsigned subsets, Add add, RankOf rank_of,
-                       const std::function<bool(const Candidate&)>& visit, const std::unordered_set<ModelId>* spare) {
+                       const std::function<bool(const Candidate&)>& visit, Spare spare) {
   for (const bool last : {false, true}) {
     if (last && last_tier(reach) < 5) return;
     std::vector<Stream<It>> streams;
     for (const auto& [id, m] : models)
       for (int s = 0; s < kSubsets; ++s) {
-        if (spare != nullptr && spare->count(id) != 0) break;
-        if (!(subsets & subset_bit(static_cast<Subset>(s)))) continue;
+        if (!(subsets & subset_bit(static_cast<Subset>(s))) || spare.covers(id, static_cast<Subset>(s))) continue;
         const int tier = tier_of(static_cast<Subset>(s), *m);
         if ((tier == 5) == last && tier <= last_tier(reach)) add(*m, s, tier, streams);
       }
@@ -71,8 +70,7 @@ void walk_merged_tiers(const Models& models, Reach reach, unsigned subsets, Add 
 // them when read backwards, whatever the prompt length and the clamp; the walk
 // merges the ranges' heads.
 void walk_reuse_order(const Models& models, Reach reach, unsigned subsets, const ReuseHistory& history,
-                      uint64_t now, const std::function<bool(const Candidate&)>& visit,
-                      const std::unordered_set<ModelId>* spare) {
+                      uint64_t now, const std::function<bool(const Candidate&)>& visit, Spare spare) {
   using It = std::map<Model::ReuseKey, Pin*>::const_iterator;
   const auto add = [&](const Model& m, int s, int tier, std::vector<Stream<It>>& streams) {
     const auto& index = m.by_reuse[s];
@@ -100,7 +98,7 @@ void walk_reuse_order(const Models& models, Reach reach, unsigned subsets, const
 // follows a record, from the models' by_trace indexes, each read backwards
 // (farthest next use first).
 void walk_trace_order(const Models& models, Reach reach, unsigned subsets,
-                      const std::function<bool(const Candidate&)>& visit, const std::unordered_set<ModelId>* spare) {
+                      const std::function<bool(const Candidate&)>& visit, Spare spare) {
   using It = std::map<Model::TraceIndexKey, Pin*>::const_iterator;
   const auto add = [](const Model& m, int s, int tier, std::vector<Stream<It>>& streams) {
     if (!m.by_trace[s].empty()) streams.push_back({m.by_trace[s].begin(), m.by_trace[s].end(), tier, tier > 2});
@@ -178,7 +176,7 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
 
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
                          const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse,
-                         unsigned subsets, const std::unordered_set<ModelId>* spare) {
+                         unsigned subsets, Spare spare) {
   if (policy == PolicyKind::Reuse && reuse.history != nullptr && !reuse.history->clairvoyant()) {
     walk_reuse_order(models, reach, subsets, *reuse.history, reuse.now, visit, spare);
     return;
@@ -191,14 +189,13 @@ void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, c
     // Reuse's clairvoyant variant (the simulator's): its predictions move with
     // every access, and no index keeps them (Note [Eviction walk]).
     for (const Candidate& c : eviction_order(models, reach, policy, trace, reuse, subsets))
-      if ((spare == nullptr || spare->count(c.pin->model) == 0) && !visit(c)) return;
+      if (!spare.covers(c.pin->model, c.pin->subset) && !visit(c)) return;
     return;
   }
   const bool lru = policy == PolicyKind::Lru;
   std::vector<const Model*> ms;
   ms.reserve(models.size());
-  for (const auto& [id, m] : models)
-    if (spare == nullptr || spare->count(id) == 0) ms.push_back(m.get());
+  for (const auto& [id, m] : models) ms.push_back(m.get());
   // mru: most recently loaded first; lru: least recently loaded first.
   std::sort(ms.begin(), ms.end(), [lru](const Model* a, const Model* b) {
     return lru ? a->load_seq < b->load_seq : a->load_seq > b->load_seq;
@@ -207,7 +204,8 @@ void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, c
     for (const Model* m : ms) {
       int picked[2], n = 0;
       for (int s = 0; s < kSubsets; ++s)
-        if ((subsets & subset_bit(static_cast<Subset>(s))) && tier_of(static_cast<Subset>(s), *m) == tier)
+        if ((subsets & subset_bit(static_cast<Subset>(s))) && !spare.covers(m->id, static_cast<Subset>(s)) &&
+            tier_of(static_cast<Subset>(s), *m) == tier)
           picked[n++] = s;
       if (n == 0) continue;
       if (lru) {

@@ -63,6 +63,16 @@ constexpr unsigned kAllSubsets = (1u << kSubsets) - 1;
 constexpr unsigned kPatchSubsets = subset_bit(Subset::Patches) | subset_bit(Subset::PatchesLoaded);
 constexpr unsigned kWeightSubsets = subset_bit(Subset::Weights) | subset_bit(Subset::WeightsLoaded);
 
+// Pins a walk leaves out (Note [First-seen models]): those of `subsets` of the
+// `models`, a subset at a time (O(1) a subset, not a pin).
+struct Spare {
+  const std::unordered_set<ModelId>* models = nullptr;
+  unsigned subsets = kAllSubsets;
+  bool covers(ModelId id, Subset s) const {
+    return models != nullptr && (subsets & subset_bit(s)) && models->count(id) != 0;
+  }
+};
+
 struct Candidate {
   Pin* pin;
   int tier;
@@ -86,10 +96,9 @@ std::vector<Candidate> eviction_order(const Models& models, Reach reach, PolicyK
 // time until it returns false. The models' by_created and by_use indexes (and
 // by_reuse under the reuse policy, by_trace at `trace`'s ranks while the trace
 // policy follows a record) must list their pins. `visit` must not
-// change the registry. The pins of the models in `spare`, when given, are left
-// out whole (Note [First-seen models]: O(1) a model, not a pin).
+// change the registry. The pins `spare` covers are left out.
 void walk_eviction_order(const Models& models, Reach reach, PolicyKind policy, const TraceRecorder& trace,
                          const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse = {},
-                         unsigned subsets = kAllSubsets, const std::unordered_set<ModelId>* spare = nullptr);
+                         unsigned subsets = kAllSubsets, Spare spare = {});
 
 }  // namespace pins

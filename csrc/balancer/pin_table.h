@@ -136,6 +136,17 @@ struct Asker {
 // pins-sim's held-out sets 1-7, 15 -> 11 of 280 scenarios read more than
 // min(lru, mru) plus a layer, on sets 8-15 13 -> 9 of 320, suite seeds 1-5 14
 // -> 15 of 1,000 (docs/SIMULATOR.md, "Issue 39's third round").
+// Where the streaks go on, before that first verdict, the new model's loaded
+// layers still take no pin of the last workflow's streamed layers (its
+// Subset::Weights, a Spare of one subset): they take its loaded layers' pins,
+// and the pins of any other workflow. A loaded layer is copied once a load,
+// while a streamed one is cast every step of the loop it belongs to, so if the
+// new workflow was a one-off the loop comes back to its streamed layers
+// pinned, and if it repeats it reads only what its loaded layers could not
+// take. On pins-sim's held-out sets 1-23, 24 -> 21 of 920 scenarios read more
+// than min(lru, mru) plus a layer a run; suite seeds 1-5 14 -> 11 of 1,000,
+// and with ComfyUI's marking (--mark on-use) 22 -> 16 (docs/SIMULATOR.md,
+// "Issue 39's fourth round").
 class PinTable {
  public:
   explicit PinTable(PolicyKind policy);

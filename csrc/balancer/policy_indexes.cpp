@@ -88,7 +88,7 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
   // Note [First-seen models]: a loaded layer of a model no record knows takes
   // no weight pin of the user's loop, while the rule's check trusts it (Note
   // [Rule checks]); the check notes the prediction either way.
-  const std::unordered_set<ModelId>* spare = nullptr;
+  Spare spare;
   if (for_cache && policy_ == PolicyKind::Trace && !trace_.knows_model(asker.model)) {
     FirstSeenCheck& check = trace_.first_seen();
     check.note(asker.model, [&] {
@@ -97,11 +97,16 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
         return m == nullptr || m->in_prompt || m->active;
       });
     });
-    // Before the check's first verdict, the records' streaks decide.
-    if (check.check().judged() ? check.applies(asker.model) : !trace_.streaks_go_on()) {
+    // Before the check's first verdict, the records' streaks decide: where
+    // workflows took turns the workflow is spared whole, where they go on its
+    // streamed layers are.
+    const bool judged = check.check().judged();
+    if (judged ? check.applies(asker.model) : !trace_.streaks_go_on()) {
       // The first prompt of all, with no record, spares every pin it made.
       if (trace_.records() == 0) return;
-      spare = check.spared(asker.model);
+      spare = {check.spared(asker.model), kWeightSubsets};
+    } else if (!judged) {
+      spare = {check.spared(asker.model), subset_bit(Subset::Weights)};
     }
   }
   walk_eviction_order(models_, reach, policy_, trace_, rest, reuse, kWeightSubsets, spare);

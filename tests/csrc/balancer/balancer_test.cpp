@@ -401,10 +401,12 @@ TEST(BalancerPolicy, TraceStopsSparingAWorkflowForNewModelsThatRepeat) {
 }
 
 // Note [First-seen models] before any verdict: the records say whether the
-// user's workflows go on past their first prompt. After a a, a new b is taken
-// for the next loop and its loaded layer takes a pin of a; after x a x a, where
-// each workflow's first prompt was followed by another, b is taken for a
-// one-off and a is spared.
+// user's workflows go on past their first prompt. a's prompt loads layer 1
+// and streams 2 and 3. After a a, a new b is taken for the next loop: its
+// loaded layer takes the pin of a's, and a's streamed layers, which a reads
+// every step when it comes back, stay. After x a x a, where each workflow's
+// first prompt was followed by another, b is taken for a one-off and a is
+// spared whole.
 TEST(BalancerPolicy, TraceSparesAWorkflowForANewModelOnlyWhereWorkflowsTookTurns) {
   for (const bool turns : {false, true}) {
     SCOPED_TRACE(turns ? "x a x a b" : "a a b");
@@ -414,11 +416,17 @@ TEST(BalancerPolicy, TraceSparesAWorkflowForANewModelOnlyWhereWorkflowsTookTurns
     const ModelId x = f.bal.register_model("x", "cuda:0");
     for (int i = 0; i < 2; ++i) {
       if (turns) f.load(x, 40);
-      f.prompt(a, {1, 2, 3});
+      f.bal.mark_prompt({a});
+      ASSERT_TRUE(f.cast(f.req(a, 1, Kind::Weights, true)));
+      ASSERT_TRUE(f.cast(f.req(a, 2)));
+      ASSERT_TRUE(f.cast(f.req(a, 3)));
+      f.bal.end_prompt();
     }
-    ASSERT_EQ(f.count(a, Subset::Weights), 3);
+    ASSERT_EQ(f.count(a, Subset::WeightsLoaded), 1);
+    ASSERT_EQ(f.count(a, Subset::Weights), 2);
     EXPECT_EQ(f.load(b, 10), !turns);
-    EXPECT_EQ(f.count(a, Subset::Weights), turns ? 3 : 2);
+    EXPECT_EQ(f.count(a, Subset::WeightsLoaded), turns ? 1 : 0);
+    EXPECT_EQ(f.count(a, Subset::Weights), 2) << "a's streamed layers stay either way";
   }
 }
 
