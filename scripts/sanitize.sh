@@ -17,6 +17,11 @@ build_only=0
 # Each step's wall time, as scripts/test.sh prints it.
 step_start=$SECONDS
 took() { echo "time $1: $((SECONDS - step_start)) s"; step_start=$SECONDS; }
+# -g1, as scripts/build.sh and scripts/fuzz.sh: the sanitizers' reports keep
+# function, file and line, and a translation unit compiles about a third faster
+# than with Debug's -g (23.7 -> 15.8 s for tests/ops/ops_test.cpp under ASan,
+# 11.7 -> 7.6 s for the balancer's tests under TSan, on the 2-core CPU VM).
+debug_info="-DCMAKE_CXX_FLAGS_DEBUG=-g1"
 for kind in asan tsan; do
   case $kind in
     asan) flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" ;;
@@ -24,7 +29,7 @@ for kind in asan tsan; do
   esac
   dir=build-$kind
   [ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja -DPINS_WITH_TORCH=OFF -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_CXX_FLAGS="$flags -O1" >/dev/null
+    "$debug_info" -DCMAKE_CXX_FLAGS="$flags -O1" >/dev/null
   cmake --build "$dir" --target pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests
   [ $build_only = 1 ] && continue
   for t in pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests; do
@@ -49,7 +54,7 @@ if [ -x .venv/bin/python ]; then
   flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
   if [ ! -f "$dir/build.ninja" ]; then
     mapfile -t torch_args < <(bash scripts/torch_cmake_args.sh .venv/bin/python)
-    cmake -S . -B "$dir" -G Ninja "${torch_args[@]}" -DCMAKE_BUILD_TYPE=Debug -DPINS_BUILD_PROFILING=OFF \
+    cmake -S . -B "$dir" -G Ninja "${torch_args[@]}" -DCMAKE_BUILD_TYPE=Debug "$debug_info" -DPINS_BUILD_PROFILING=OFF \
       -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF -DPINS_COPY_TO_PACKAGE=OFF \
       -DCMAKE_CXX_FLAGS="$flags -O1" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
   fi
