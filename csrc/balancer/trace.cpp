@@ -119,6 +119,7 @@ void TraceRecorder::end_prompt() {
     static const std::unordered_set<ModelId> kNone;
     conditioning_check_.end_prompt(looped_ ? conditioning_ : kNone, rec.models, rec.samplers);
     rec.looped = !rec.samplers.empty();
+    if (looped_) rec.conditioning = conditioning_;
     if (rec.samplers.empty()) rec.samplers = rec.models;
     first_seen_.end_prompt(rec.models, rec.samplers);
     // Note [Trace context]: the choice (made or not) is judged by this prompt,
@@ -163,6 +164,7 @@ void TraceRecorder::end_prompt() {
   }
   departed_ = records_.empty();
   marked_.clear();
+  marked_first_ = false;
   generation_++;
 }
 
@@ -173,12 +175,19 @@ bool TraceRecorder::knows_model(ModelId m) const {
 }
 
 void TraceRecorder::mark(const std::vector<ModelId>& models) {
-  marked_.insert(models.begin(), models.end());
+  bool added = false;
+  for (ModelId m : models) added |= marked_.insert(m).second;
   if (departed_) return;
-  // Note [Trace marks]: only once the marks name a sampler of a followed record.
+  // Note [Trace marks]: a conditioning model marked now runs in this prompt after all.
+  if (marked_first_ && added) generation_++;
+  // Only once the marks name a sampler of a followed record.
   bool named = false;
   for (const Record& r : records_) named |= !r.departed && r.looped && meets(r.samplers, marked_);
   if (!named) return;
+  if (now_.empty() && !overflow_ && !marked_first_) {
+    marked_first_ = true;
+    generation_++;
+  }
   const size_t was_active = active();
   bool following = false;
   for (Record& r : records_) {
@@ -198,7 +207,9 @@ TraceRecorder::Rank TraceRecorder::rank(const TraceKey& k) const {
   if (a == records_.size()) return {2, 0};
   const Record& ref = records_[a];
   const auto it = ref.pos.find(k);
-  if (it != ref.pos.end()) {
+  // Note [Trace marks]: the record's conditioning, unmarked, does not run in this prompt.
+  const bool unmarked = marked_first_ && ref.conditioning.count(k.model) != 0 && marked_.count(k.model) == 0;
+  if (it != ref.pos.end() && !unmarked) {
     auto pos = std::lower_bound(it->second.begin(), it->second.end(), static_cast<uint32_t>(ref.cursor));
     if (pos != it->second.end()) return {0, *pos};
   }

@@ -146,7 +146,16 @@
 // all its models and a shared encoder would name them; it departs only when
 // the marks name none of its models. Marks that name no sampler yet
 // (ComfyUI's, before the sampler loads) change nothing, and once the sampler
-// loads its keys depart those records anyway. On pins-sim's held-out sets
+// loads its keys depart those records anyway. Marks that name a sampler
+// before the prompt's first access (every model marked as the prompt starts)
+// also say which of the record's conditioning models (those that ran only
+// before its loop, Note [Cached conditioning]) do not run in this prompt: a
+// seed change marks its sampler and not the encoder, whose output comes from
+// the application's cache. At the prompt's start the record predicted the
+// encoder first, and a boundary's relieve() took the sampler's loaded layers
+// instead; an unmarked conditioning model's next use is now past this prompt,
+// until it is marked (on suite seeds 1-5, 11 -> 10 of 1,000 over, the
+// held-out sets as before). On pins-sim's held-out sets
 // (seeds 1-23, marks at the prompt's start) 34 -> 24 of 920 scenarios read
 // more than min(lru, mru) plus a layer a run, and the worst trace/mru among
 // them 1.28 -> 1.20; on suite seeds 1-5 15 -> 14 of 1,000; with ComfyUI's
@@ -290,6 +299,7 @@ class TraceRecorder {
     // samplers, Note [Cached conditioning]); all of `models` when none did.
     std::unordered_set<ModelId> samplers;
     bool looped = false;  // `samplers` are the models that looped
+    std::unordered_set<ModelId> conditioning;  // the models that ran only before its loop (Note [Cached conditioning])
     std::unordered_set<ModelId> before;  // the models of the prompt before it (Note [Trace context])
     bool context = false;  // `before` is what the last prompt ran
     // The prompt after it ran what another kept record ran (Note [Trace context]).
@@ -333,6 +343,9 @@ class TraceRecorder {
   RuleCheck context_check_;
   std::unordered_set<ModelId> context_said_, plain_said_;
   std::unordered_set<ModelId> marked_;  // Note [Trace marks]: the current prompt's
+  // Note [Trace marks]: the marks named a followed record's sampler before the
+  // prompt's first access.
+  bool marked_first_ = false;
   std::deque<Record> records_;  // the last prompts' records, most recent first
   bool departed_ = true;        // every record departed
   bool overflow_ = false;       // this prompt passed kLimit

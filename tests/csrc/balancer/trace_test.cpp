@@ -265,6 +265,41 @@ TEST(TraceRecorder, MarksNamingASamplerDepartTheRecordsOfOtherWorkflows) {
   }
 }
 
+// Note [Trace marks] before the prompt's first access: a seed change of a
+// workflow (encoder 1, sampler 2) marks its sampler and not the encoder, whose
+// output comes from the application's cache. At the prompt's start the record
+// of the full prompt predicts the encoder first; the marks say it does not run
+// in this prompt, so its next use is the next prompt's. Marks that name the
+// encoder too, or come only after the first access (a model marked as it
+// loads), leave the record's order.
+TEST(TraceRecorder, MarksBeforeTheFirstAccessSayTheUnmarkedEncoderDoesNotRun) {
+  {
+    TraceRecorder t;
+    encode_and_sample(t, 2);
+    t.mark({2});
+    EXPECT_EQ(t.rank(of(1, 100)).cls, 1u) << "the encoder does not run in this prompt";
+    EXPECT_GT(t.next_use(of(1, 100)), t.next_use(of(2, 20)));
+    const uint64_t gen = t.generation();
+    t.mark({1});  // marked after all (as it loads): it runs in this prompt
+    EXPECT_EQ(t.next_use(of(1, 100)), 0u);
+    EXPECT_GT(t.generation(), gen) << "its rank moved: a new generation (Note [Trace index])";
+  }
+  {
+    TraceRecorder t;
+    encode_and_sample(t, 2);
+    t.mark({1, 2});
+    EXPECT_EQ(t.next_use(of(1, 100)), 0u) << "marked: the encoder runs first, as recorded";
+  }
+  // Marked only after the first access: the record's order, as with no mark.
+  TraceRecorder t, unmarked;
+  for (TraceRecorder* r : {&t, &unmarked}) {
+    encode_and_sample(*r, 2);
+    r->record(of(2, 20));
+  }
+  t.mark({2});
+  EXPECT_EQ(t.next_use(of(1, 100)), unmarked.next_use(of(1, 100)));
+}
+
 // A record with no loop (its models stayed on the device) names no sampler.
 // After b (a loop over sampler 5) and c (the encoder and model 6, once each):
 // ComfyUI's mark of the encoder as it loads departs nothing, so b's record is
