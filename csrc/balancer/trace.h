@@ -134,9 +134,9 @@
 // the diffusers adapter mark them all as the prompt starts; ComfyUI's
 // integration marks each as it loads. The records are followed by their keys,
 // so two workflows that share an encoder (WAN 2.2 14B and 5B share UMT5;
-// SD3.5 and HiDream share T5-XXL) both follow until the first sampler key, and the
-// active one is the most recent: the other workflow's, when the user switches
-// back. It predicts its own sampler's pins in this prompt, ahead of the
+// SD3.5 and HiDream share T5-XXL) both follow until the first sampler key, and
+// the active one is the most recent: the other workflow's, when the user
+// switches back. It predicts its own sampler's pins in this prompt, ahead of the
 // encoder's, and the bypass (Note [Trace bypass]) refuses the encoder the pins
 // it needs (after w0 w0 w1 w1, the w0 prompt left UMT5 to the page cache, and
 // the next w0 prompt read it again). So once the marks name a sampler of some
@@ -154,13 +154,13 @@
 // the application's cache. At the prompt's start the record predicted the
 // encoder first, and a boundary's relieve() took the sampler's loaded layers
 // instead; an unmarked conditioning model's next use is now past this prompt,
-// until it is marked (on suite seeds 1-5, 11 -> 10 of 1,000 over, the
-// held-out sets as before). On pins-sim's held-out sets
-// (seeds 1-23, marks at the prompt's start) 34 -> 24 of 920 scenarios read
-// more than min(lru, mru) plus a layer a run, and the worst trace/mru among
-// them 1.28 -> 1.20; on suite seeds 1-5 15 -> 14 of 1,000; with ComfyUI's
-// marking (--mark on-use) no count changes (docs/SIMULATOR.md, "Issue 39's
-// fourth round").
+// until it is marked (f78f84a: on suite seeds 1-5, 11 -> 10 of 1,000 over,
+// the held-out sets as before). The departures (90e1310) took pins-sim's
+// held-out sets (seeds 1-23, marks at the prompt's start) from 34 to 24 of 920
+// scenarios reading more than min(lru, mru) plus a layer a run, and the worst
+// trace/mru among them from 1.28 to 1.20; suite seeds 1-5 15 -> 14 of 1,000;
+// with ComfyUI's marking (--mark on-use) no count changed (docs/SIMULATOR.md,
+// "Issue 39's fourth round").
 //
 // Note [Trace index]
 // A prediction is next_use = rank's class and value read against the active
