@@ -78,13 +78,16 @@ HostPool::FreeSet::const_iterator HostPool::find_free(size_t asize, bool locked,
   const FreeSet& set = free_[locked];
   auto it = set.lower_bound({asize, 0});
   // Note [Idle extents are not cut]: past an idle extent of another size
-  // than this request's own, to the next larger block; the one committed for
-  // this request (`fresh`: cut to the cap's room or the address space left,
-  // it may be smaller than its own) is its.
-  const size_t own = extent_size(round_page(asize));
+  // than this request's own, and past the free rest of an extent larger than
+  // extent_min in use (a large request's own: its page-rounding tail), to the
+  // next larger block; an extent in use of at most extent_min is shared by
+  // whatever fits, and the one committed for this request (`fresh`: cut to
+  // the cap's room or the address space left, it may be smaller than its own)
+  // is its.
+  const size_t own = extent_size(round_page(asize)), shared = round_page(opts_.extent_min);
   while (it != set.end()) {
     const Extent* x = blocks_.at(it->second)->ext;
-    if (x->used > 0 || x->prewarmed || x->size == own || x->base == fresh) break;
+    if ((x->used > 0 && x->size <= shared) || x->prewarmed || x->size == own || x->base == fresh) break;
     ++it;
   }
   return it;
