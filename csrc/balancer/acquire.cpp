@@ -134,9 +134,14 @@ Balancer::Admitted Balancer::admit(const Request& r, Subset target, uint64_t set
     gate_.keep_warm(gate_.memory(), config().headroom);  // what the reuse above left idle
     // Note [Budget reservation]: the pool accounts for the block now.
     gate_.settle(r.bytes, out.block != nullptr, /*in_pool=*/!out.grant);
-  } else if (out.grant) {
-    share_->release(out.grant.entry, out.grant.generation, out.grant.data, out.grant.length);  // never filled
-    out.grant = {};
+  } else {
+    // Note [Warm idle memory]: refused, the pin's source goes through the page
+    // cache; what the walk freed for it is no pin's, held to the headroom's line.
+    gate_.keep_warm(gate_.memory(), config().headroom);
+    if (out.grant) {
+      share_->release(out.grant.entry, out.grant.generation, out.grant.data, out.grant.length);  // never filled
+      out.grant = {};
+    }
   }
   if (out.block == nullptr) {
     MutexLock g(mu_);

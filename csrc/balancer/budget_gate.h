@@ -40,9 +40,13 @@
 // never below the pool's own retain_free. While the balancer frees for a new
 // pin, the pool keeps everything and the line is the pin's own
 // (pin_reserve_line): the pin that asked for room reuses it at once. Otherwise
-// (after a pin was made, after free() and a relieve() that found no pressure)
-// the line is the headroom: idle memory never takes available RAM below the
-// RAM-pressure line, where it would be memory the page cache could hold. A
+// (after a pin was made or refused, after free() and a relieve() that found no
+// pressure) the line is the headroom: idle memory never takes available RAM
+// below the RAM-pressure line, where it would be memory the page cache could
+// hold. A refused pin is copied from its source through that page cache: on
+// pins-sim's u24-33 (HiDream on 32 GiB), 161 MiB the walk had freed for a
+// refused layer stayed idle, and two streamed layers that the page cache then
+// could not hold were read from disk at every step. A
 // relieve() under pressure gives idle memory back before it evicts any pin,
 // and its line is headroom + relieve_slack: the slack goes to the system, not
 // to the pool, or the next allocation elsewhere would take available RAM below

@@ -191,6 +191,26 @@ TEST(BalancerWarmMemory, BelowTheHeadroomFreeGivesTheMemoryBack) {
   EXPECT_EQ(f.pool.committed_bytes(), 2 * U);
 }
 
+// A new pin the walk freed for and could not make is copied from its source
+// through the page cache: what the walk freed is no warm memory for it, and
+// idle memory holds no available RAM below the headroom (pins-sim's u24-33:
+// 161 MiB kept idle left the page cache one layer short of the two streamed
+// layers the loop was refused, read from disk at every step).
+TEST(BalancerWarmMemory, ARefusedPinLeavesNoIdleMemoryBelowTheHeadroom) {
+  Fixture f(/*room_pins=*/4, /*max_age_ns=*/0);  // available 2 GiB once 4 pins exist
+  const ModelId other = f.bal.register_model("other", "cuda:0");
+  ASSERT_TRUE(f.cast(0));  // the fixture's model: not in the prompt, tier 1
+  f.model = other;
+  f.bal.set_active(other, true);
+  for (uint64_t k = 1; k < 4; ++k) ASSERT_TRUE(f.cast(k));
+  EXPECT_FALSE(f.cast(10, 2 * U)) << "the active model's own pins are spared: U freed of 2U";
+  EXPECT_EQ(f.bal.stats().total.evictions_all(), 1);
+  EXPECT_EQ(f.pool.idle_bytes(), 0u) << "the freed pin's memory went back";
+  EXPECT_EQ(f.pool.committed_bytes(), 3 * U);
+  ASSERT_TRUE(f.cast(11));  // a pin that fits still reuses nothing stale and commits its own
+  EXPECT_EQ(f.bal.pins().size(), 4u);
+}
+
 // With headroom:0 and pin_reserve:0 the line is 0: a pin larger than any idle
 // extent commits fresh memory while the idle extents it was counted on stay
 // committed. A reading of no available RAM gives them back, so the pool never
