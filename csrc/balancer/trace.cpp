@@ -147,16 +147,17 @@ void TraceRecorder::end_prompt() {
       r.context = !r.before.empty() && r.before == records_.front().models;
       r.with_last = same_workflow(r, records_.front());
     }
-    int went_on = 0, switched = 0;  // streaks_go_on()
-    for (size_t i = 1; i < records_.size(); ++i)
-      if (!records_[i].again) (records_[i - 1].again ? went_on : switched)++;
-    streaks_go_on_ = went_on > switched;
+    count_streaks();
     for (size_t i = 1; i < records_.size(); ++i) {
       const auto& next = records_[i - 1].models;
       records_[i].next_repeats =
           std::count_if(records_.begin(), records_.end(), [&](const Record& r) { return r.models == next; }) >= 2;
     }
     clear_now(/*release=*/false);
+  } else if (!records_.empty() && meets(records_.front().samplers, marked_)) {
+    // Nothing accessed: the marked models stayed on the device (streaks_go_on()).
+    records_.front().went_on = true;
+    count_streaks();
   }
   for (Record& rec : records_) {
     rec.cursor = 0;
@@ -166,6 +167,19 @@ void TraceRecorder::end_prompt() {
   marked_.clear();
   marked_first_ = false;
   generation_++;
+}
+
+void TraceRecorder::count_streaks() {
+  int went_on = 0, switched = 0;
+  for (size_t i = 0; i < records_.size(); ++i) {
+    if (records_[i].again) continue;
+    if (records_[i].went_on || (i > 0 && records_[i - 1].again)) {
+      went_on++;
+    } else if (i > 0) {
+      switched++;
+    }
+  }
+  streaks_go_on_ = went_on > switched;
 }
 
 bool TraceRecorder::knows_model(ModelId m) const {

@@ -285,7 +285,10 @@ class TraceRecorder {
   // Note [First-seen models]: whether more of the kept records that came first
   // in their workflow's streak (Record::again false) were followed by the same
   // workflow than by another: the user's workflows go on past their first
-  // prompt.
+  // prompt. A prompt that marked the models of the last record's workflow
+  // and accessed nothing (they stayed on the device: a seed change on a large
+  // GPU) leaves no record, and counts as that workflow going on
+  // (Record::went_on).
   bool streaks_go_on() const { return streaks_go_on_; }
 
  private:
@@ -308,6 +311,7 @@ class TraceRecorder {
     // workflow new then (Note [First-seen models]).
     bool detour = false;
     bool again = false;      // the prompt before it ran its workflow (same_workflow)
+    bool went_on = false;    // a prompt after it marked its samplers and accessed nothing
     bool with_last = false;  // the last prompt ran its workflow (same_workflow)
   };
   // Note [Trace context]: b continues a's workflow, or a b's.
@@ -352,6 +356,7 @@ class TraceRecorder {
   int64_t departures_ = 0;      // COUNT prompts that departed from every record
   uint64_t generation_ = 0;     // changes of the active record (Note [Trace index])
   bool streaks_go_on_ = false;  // streaks_go_on()
+  void count_streaks();         // sets streaks_go_on_
 
   // The active record's index in records_ (the first one still followed, or
   // Note [Trace context]'s choice); records_.size() when none is.

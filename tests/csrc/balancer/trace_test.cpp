@@ -265,6 +265,25 @@ TEST(TraceRecorder, MarksNamingASamplerDepartTheRecordsOfOtherWorkflows) {
   }
 }
 
+// Note [First-seen models]: the streaks say whether the user's workflows go
+// on past their first prompt. A seed change whose models stayed on the device
+// (a large GPU) accesses nothing and leaves no record; its marks say it ran
+// workflow a (encoder 1, sampler 2) again, so a, then a prompt of a with no
+// access, then b's first prompt is a streak that went on. Marks naming another
+// workflow, or none, say nothing of it.
+TEST(TraceRecorder, APromptThatMarkedItsWorkflowAndAccessedNothingContinuesItsStreak) {
+  for (const int marks : {2, 7, -1}) {  // the empty prompt's mark; -1: none
+    SCOPED_TRACE(marks);
+    TraceRecorder t;
+    encode_and_sample(t, 2);
+    if (marks >= 0) t.mark({marks});
+    t.end_prompt();
+    EXPECT_EQ(t.records(), 1u) << "an empty prompt leaves no record";
+    encode_and_sample(t, 5);
+    EXPECT_EQ(t.streaks_go_on(), marks == 2);
+  }
+}
+
 // Note [Trace marks] before the prompt's first access: a seed change of a
 // workflow (encoder 1, sampler 2) marks its sampler and not the encoder, whose
 // output comes from the application's cache. At the prompt's start the record
