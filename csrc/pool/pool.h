@@ -60,8 +60,8 @@
 // (an extent larger than extent_min): the tail, less than a page, that rounding
 // the request to whole pages left. A small pin there held the extent in use
 // once the large pin was freed; a larger request then took part of its free
-// block and stranded the rest, and the next small request took the tail of
-// that one. On pins-sim's held-out u29-7 (HiDream, Flux and WAN 2.2 5B on 16
+// block, and the rest stayed committed behind it, cut by smaller requests but
+// never idle. On pins-sim's held-out u29-7 (HiDream, Flux and WAN 2.2 5B on 16
 // GiB), 310 MiB of a 648 MiB Flux extent sat behind one 337 MiB HiDream layer,
 // and two layers of the loop were read from disk at every step (1.12x mru).
 // Extents in use of at most extent_min are shared as before: small pins are
