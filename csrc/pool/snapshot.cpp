@@ -220,6 +220,9 @@ void check_blocks(const PoolSnapshot& s) {
     chained += nblocks;
     if (used != e.used)
       violated("extent ", hex(e.base), " counts ", e.used, " blocks in use, it has ", used);
+    if (used > 1 && e.size > s.extent_min)
+      violated("extent ", hex(e.base), " of ", e.size, " bytes, larger than extent_min (", s.extent_min, "), holds ",
+               used, " blocks in use");
     if (used == 0) {
       if (nblocks != 1) violated("idle extent ", hex(e.base), " is cut in ", nblocks, " free blocks");
       want_idle.insert({e.idle_since, e.base});

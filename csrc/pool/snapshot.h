@@ -14,6 +14,9 @@
 //    sum of the extents and locked_bytes the sum of those locked (or between the
 //    two lock holds of an unlock()), prewarmed_bytes the sum of the prewarmed
 //    extents;
+//  - an extent larger than extent_min holds at most one block in use: a
+//    large request's own, which no other request shares (Note [Idle extents
+//    are not cut], pool.h);
 //  - blocks tile each extent exactly: from the extent's base, following next,
 //    each block starts where the previous one ends, prev points back, the last
 //    ends at the extent's end, and every block belongs to one such chain; no
@@ -92,6 +95,7 @@ struct PoolSnapshot {
 
   size_t page = 0;
   size_t alignment = 0;
+  size_t extent_min = 0;  // PoolOptions::extent_min in whole pages
   std::vector<Segment> segments;                         // by base
   std::vector<Range> ranges;                             // by address
   std::vector<std::pair<size_t, uintptr_t>> ranges_by_size;

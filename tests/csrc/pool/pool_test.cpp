@@ -873,6 +873,8 @@ TEST_F(BusyPool, EachCorruptionIsCaught) {
        "overlaps"},
       {"two adopted blocks overlap", [](PoolSnapshot& s) { s.adopted[1].base = s.adopted[0].base + 4096; },
        "overlaps"},
+      {"two blocks in use share an extent larger than extent_min", [](PoolSnapshot& s) { s.extent_min = s.page; },
+       "larger than extent_min"},
   };
   ASSERT_EQ(good.segments.size(), 1u);
   ASSERT_EQ(good.ranges.size(), 1u);
