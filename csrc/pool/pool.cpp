@@ -112,7 +112,7 @@ PoolSnapshot HostPool::snapshot() const {
   PoolSnapshot out;
   out.page = page_;
   out.alignment = align_;
-  out.extent_min = round_page(opts_.extent_min);
+  out.extent_min = shared_extent();
   MutexLock g(mu_);
   for (const auto& [base, seg] : segments_) out.segments.push_back({seg->base, seg->size, seg->free_space});
   for (const auto& [addr, r] : ranges_) out.ranges.push_back({addr, r.size, r.seg->base});

@@ -341,7 +341,9 @@ class HostPool {
   std::vector<Extent*> pick_idle(size_t over) PINS_REQUIRES(mu_);
   // The extent a request of `need` (whole pages) commits: extent_min when it
   // is at most half that, else `need`.
-  size_t extent_size(size_t need) const { return 2 * need <= round_page(opts_.extent_min) ? round_page(opts_.extent_min) : need; }
+  size_t extent_size(size_t need) const { return 2 * need <= shared_extent() ? shared_extent() : need; }
+  // The extent small requests share: extent_min in whole pages.
+  size_t shared_extent() const { return round_page(opts_.extent_min); }
   // Lists `e` (no block yet) as an idle extent of one free block.
   void list_idle(Extent* e) PINS_REQUIRES(mu_);
   // Note [Host pool layout]: takes the first `esize` bytes (whole pages) of the

@@ -84,7 +84,7 @@ HostPool::FreeSet::const_iterator HostPool::find_free(size_t asize, bool locked,
   // whatever fits, and the one committed for this request (`fresh`: cut to
   // the cap's room or the address space left, it may be smaller than its own)
   // is its.
-  const size_t own = extent_size(round_page(asize)), shared = round_page(opts_.extent_min);
+  const size_t own = extent_size(round_page(asize)), shared = shared_extent();
   while (it != set.end()) {
     const Extent* x = blocks_.at(it->second)->ext;
     if ((x->used > 0 && x->size <= shared) || x->prewarmed || x->size == own || x->base == fresh) break;
