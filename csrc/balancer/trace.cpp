@@ -146,6 +146,9 @@ void TraceRecorder::end_prompt() {
     for (Record& r : records_) {
       r.context = !r.before.empty() && r.before == records_.front().models;
       r.with_last = same_workflow(r, records_.front());
+      r.once = r.detour && std::none_of(records_.begin(), records_.end(), [&](const Record& o) {
+                 return &o != &r && same_workflow(o, r);
+               });
     }
     count_streaks();
     for (size_t i = 1; i < records_.size(); ++i) {
@@ -243,6 +246,9 @@ TraceRecorder::Rank TraceRecorder::rank(const TraceKey& k) const {
   uint64_t offset = 0;
   for (size_t j = a; j-- > 0;) {
     const Record& later = records_[j];
+    // Where the user's workflows go on in streaks, a one-off is not predicted
+    // to come round again (Note [Trace policy]).
+    if (later.once && streaks_go_on_) continue;
     if (auto n = later.pos.find(k); n != later.pos.end()) return {1, offset + n->second.front()};
     offset += later.keys.size();
   }

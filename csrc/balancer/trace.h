@@ -19,7 +19,18 @@
 // when two workflows alternate, the other one and then this one; with three,
 // the two others in their order. Its next use is the rest of the active record,
 // the lengths of the records before the first that uses it, and its first
-// position there. A pin only the active record's past used comes after all of
+// position there. Where the records show the user's workflows going on in
+// streaks (streaks_go_on(), Note [First-seen models]), a record of a workflow
+// that was new when it ran and that no other kept record ran (Record::once: a
+// one-off so far) is left out of the cycle, as a rerun's choice leaves it out
+// (Record::next_repeats, Note [Trace context]): after a a b a, b's pins are
+// not predicted to come round. The cycle kept it until issue 39's sixth round:
+// a's loaded layers then ranked after b's pins, were refused, and came from
+// disk at a's next text change (pins-sim held-out u37-9, a a b a a: 113.1 GiB
+// against mru's 87.9, now 87.9). On held-out sets 1-31, 22 -> 20 of 1,240
+// scenarios read more than min(lru, mru) plus a layer a run, on sets 32-47
+// (first run then) 19 -> 17 of 640, on suite seeds 1-5 10 -> 10 of 1,000
+// (docs/SIMULATOR.md, "Issue 39's sixth round"). A pin only the active record's past used comes after all of
 // those; one no record from the active one on knows is never used again, but
 // for a rerun: there a pin only an older record used (the encoder of the full
 // prompt before a seed change, whose output the application cached) is next
@@ -310,6 +321,10 @@ class TraceRecorder {
     // It ran a model no earlier kept record knew, after some record: a
     // workflow new then (Note [First-seen models]).
     bool detour = false;
+    // A detour whose workflow no other kept record ran (same_workflow): a
+    // one-off so far, which the cycle leaves out where streaks go on (Note
+    // [Trace policy]).
+    bool once = false;
     bool again = false;      // the prompt before it ran its workflow (same_workflow)
     bool went_on = false;    // a prompt after it marked its samplers and accessed nothing
     bool with_last = false;  // the last prompt ran its workflow (same_workflow)

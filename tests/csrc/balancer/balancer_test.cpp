@@ -430,6 +430,34 @@ TEST(BalancerPolicy, TraceSparesAWorkflowForANewModelOnlyWhereWorkflowsTookTurns
   }
 }
 
+// Note [Trace policy]: a one-off leaves the cycle where streaks go on. a's
+// full prompt loads layer 1 and streams 2 and 3; its seed change streams 2
+// and 3 only (layer 1 stayed on the device). A new b then takes a's loaded
+// pin (a went on: b may be the next loop). When a's full prompt comes back,
+// the cycle from a's full record (a seed change, then b, then a) would put
+// layer 1 after b's pin and refuse it; b ran once, as a detour, so its pin is
+// predicted never to be used, and layer 1 takes it.
+TEST(BalancerPolicy, TraceGivesTheWorkflowABackToItsLoopThePinOfAOneOff) {
+  Fixture f(3, policy_config(PolicyKind::Trace));
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  const auto full = [&] {
+    f.bal.mark_prompt({a});
+    const bool pinned = f.cast(f.req(a, 1, Kind::Weights, true));
+    EXPECT_TRUE(f.cast(f.req(a, 2)));
+    EXPECT_TRUE(f.cast(f.req(a, 3)));
+    f.bal.end_prompt();
+    return pinned;
+  };
+  ASSERT_TRUE(full());
+  f.prompt(a, {2, 3});
+  ASSERT_TRUE(f.load(b, 10)) << "a went on: b takes a's loaded pin";
+  ASSERT_FALSE(f.has(a, 1, Subset::WeightsLoaded));
+  EXPECT_TRUE(full()) << "b's pin, a one-off's, goes to a's loaded layer";
+  EXPECT_TRUE(f.has(a, 1, Subset::WeightsLoaded));
+  EXPECT_FALSE(f.has(b, 10, Subset::WeightsLoaded));
+}
+
 // Note [Cached conditioning]: an encoder e (one layer), a sampler s (one
 // streamed layer, `passes` steps) and a VAE v (two layers that stay on the
 // device), room for three pins. In the rerun, once the sampler looped, the

@@ -284,6 +284,36 @@ TEST(TraceRecorder, APromptThatMarkedItsWorkflowAndAccessedNothingContinuesItsSt
   }
 }
 
+// Note [Trace policy]: a one-off leaves the cycle where streaks go on. After
+// a a b (b new) the user returns to a: the active record is a's first, and
+// what came after it last time was a again and then b. Where a went on (a a
+// b a), b ran once as a detour and is not predicted again: its sampler is
+// never used, and a's encoder comes round first. Where the workflows took
+// turns (a b a) or b ran twice (a a b b a), the cycle predicts b next, before
+// a's encoder comes round.
+TEST(TraceRecorder, WhereStreaksGoOnAOneOffIsNotPredictedToComeRound) {
+  for (const int shape : {0, 1, 2}) {  // 0: a a b a; 1: a b a; 2: a a b b a
+    SCOPED_TRACE(shape);
+    TraceRecorder t;
+    encode_and_sample(t, 2);
+    if (shape != 1) encode_and_sample(t, 2);
+    encode_and_sample(t, 5);
+    if (shape == 2) encode_and_sample(t, 5);
+    t.record(of(1, 100));
+    t.record(of(2, 20));  // a again: b's records depart
+    ASSERT_TRUE(t.following());
+    EXPECT_EQ(t.streaks_go_on(), shape != 1) << "a a b, a a b b: streaks went on; a b: a switched";
+    if (shape == 0) {
+      EXPECT_EQ(t.next_use(of(5, 50)), TraceRecorder::kNever) << "b ran once, a detour";
+    } else {
+      EXPECT_NE(t.next_use(of(5, 50)), TraceRecorder::kNever) << "the cycle comes round to b";
+    }
+    // The rest of this prompt (a's sampler twice), then the encoder, which b
+    // and a share, at the next prompt's start.
+    EXPECT_EQ(t.next_use(of(1, 100)), 2u);
+  }
+}
+
 // Note [Trace marks] before the prompt's first access: a seed change of a
 // workflow (encoder 1, sampler 2) marks its sampler and not the encoder, whose
 // output comes from the application's cache. At the prompt's start the record
