@@ -82,10 +82,17 @@ if ! command -v clang++ >/dev/null 2>&1; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq clang >/dev/null
 fi
+# The analysis is Clang's Sema, done before any code is generated: each file is
+# compiled with -fsyntax-only and otherwise the same flags (so the same analysis;
+# an unguarded read still fails the file), its object an empty stamp touched when
+# it passes. On the 2-core VM: 18 s and 33 CPU-s, against 29 s and 55 CPU-s
+# generating -O2 -g code nobody links.
 dir=build-tsa
 [ -f "$dir/build.ninja" ] || CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DPINS_WITH_TORCH=OFF \
   -DPINS_BUILD_TESTS=OFF -DPINS_BUILD_PROFILING=OFF -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF \
-  -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" >/dev/null
+  -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" \
+  "-DCMAKE_CXX_COMPILE_OBJECT=<CMAKE_CXX_COMPILER> <DEFINES> <INCLUDES> <FLAGS> -fsyntax-only -c <SOURCE> && touch <OBJECT>" \
+  >/dev/null
 # A file that fails stays unbuilt, so a rerun analyses it again.
 if cmake --build "$dir" --target pins_core > "$dir/analysis.log" 2>&1; then
   echo "sanitize thread-safety pins_core: ok"
