@@ -30,10 +30,11 @@
 // against mru's 87.9, now 87.9). On held-out sets 1-31, 22 -> 20 of 1,240
 // scenarios read more than min(lru, mru) plus a layer a run, on sets 32-47
 // (first run then) 19 -> 17 of 640, on suite seeds 1-5 10 -> 10 of 1,000
-// (docs/SIMULATOR.md, "Issue 39's sixth round"). A pin only the active record's past used comes after all of
-// those; one no record from the active one on knows is never used again, but
-// for a rerun: there a pin only an older record used (the encoder of the full
-// prompt before a seed change, whose output the application cached) is next
+// (docs/SIMULATOR.md, "Issue 39's sixth round"). A pin only the active
+// record's past used comes after all of those; one no record from the active
+// one on knows is never used again, but for a rerun: there a pin only an
+// older record used (the encoder of the full prompt before a seed change,
+// whose output the application cached) is next
 // used one prompt later, at its position in the most recent such record, as
 // the deferred conditioning is (Note [Cached conditioning]): a seed change
 // ranked the encoder it did not run as never used, and the text change after
