@@ -34,14 +34,14 @@
 // record's past used comes after all of those; one no record from the active
 // one on knows is never used again, but for a rerun: there a pin only an
 // older record used (the encoder of the full prompt before a seed change,
-// whose output the application cached) is next
-// used one prompt later, at its position in the most recent such record, as
-// the deferred conditioning is (Note [Cached conditioning]): a seed change
-// ranked the encoder it did not run as never used, and the text change after
-// it read the encoder again. The prediction lasts while that record is kept
-// (kRecords prompts), which bounds it when wrong; a check like Note [Rule
-// checks]' would judge it only as the record goes, and changed no scenario's
-// verdict in pins-sim (docs/SIMULATOR.md, "Issue 39's third round"). (Until
+// whose output the application cached) is next used one prompt later, at its
+// position in the most recent such record, as the deferred conditioning is
+// (Note [Cached conditioning]): a seed change ranked the encoder it did not
+// run as never used, and the text change after it read the encoder again.
+// The prediction lasts while that record is kept (kRecords prompts), which
+// bounds it when wrong; a check like Note [Rule checks]' would judge it only
+// as the record goes, and changed no scenario's verdict in pins-sim
+// (docs/SIMULATOR.md, "Issue 39's third round"). (Until
 // 2026-12 only the one prompt after the active record counted, and a pin of any
 // prompt before the active record's workflow came round was never used again:
 // with three workflows in turn, the next workflow's pins ranked as never used.

@@ -288,9 +288,9 @@ TEST(TraceRecorder, APromptThatMarkedItsWorkflowAndAccessedNothingContinuesItsSt
 // a a b (b new) the user returns to a: the active record is a's first, and
 // what came after it last time was a again and then b. Where a went on (a a
 // b a), b ran once as a detour and is not predicted again: its sampler is
-// never used, and a's encoder comes round first. Where the workflows took
-// turns (a b a) or b ran twice (a a b b a), the cycle predicts b next, before
-// a's encoder comes round.
+// never used. Where the workflows took turns (a b a) or b ran twice (a a b b
+// a), the cycle comes round to b. The encoder, which a and b share, is next
+// used at the next prompt's start either way.
 TEST(TraceRecorder, WhereStreaksGoOnAOneOffIsNotPredictedToComeRound) {
   for (const int shape : {0, 1, 2}) {  // 0: a a b a; 1: a b a; 2: a a b b a
     SCOPED_TRACE(shape);
