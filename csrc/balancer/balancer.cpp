@@ -1,5 +1,6 @@
 #include "csrc/balancer/balancer.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "csrc/balancer/budget.h"
@@ -104,6 +105,11 @@ void Balancer::forget_model(ModelId model) {
 void Balancer::set_active(ModelId model, bool active) {
   MutexLock g(mu_);
   table_.set_active(table_.model(model, "set_active"), active);
+}
+
+void Balancer::set_device_bytes(ModelId model, uint64_t bytes, uint64_t total) {
+  MutexLock g(mu_);
+  table_.model(model, "set_device_bytes").on_device = Model::OnDevice{std::min(bytes, total), total};
 }
 
 // ------------------------------------------------------------------ prompts

@@ -113,6 +113,10 @@ class Balancer {
   // Active: executing now. Becoming active counts as being loaded again (moves
   // the model to the front of the load order).
   void set_active(ModelId model, bool active) PINS_EXCLUDES(mu_);
+  // Note [Spared layers on the device] (pin_table.h): `bytes` of the model's
+  // `total` bytes of weights are on its device now (more than total counts as
+  // total).
+  void set_device_bytes(ModelId model, uint64_t bytes, uint64_t total) PINS_EXCLUDES(mu_);
   bool has_model(ModelId model) const PINS_EXCLUDES(mu_);
 
   // ---- prompts

@@ -241,6 +241,7 @@ void PinTable::collect(BalancerStats& out) const {
     ms.refusals = m->refusals;
     ms.active = m->active;
     ms.in_prompt = m->in_prompt;
+    if (m->on_device) ms.device_bytes = static_cast<int64_t>(m->on_device->bytes);
     out.total += ms.total;
     out.models.push_back(std::move(ms));
   }

@@ -216,6 +216,14 @@ struct Model {
   std::optional<uint64_t> idle_through;
   bool in_prompt = false;
   bool active = false;
+  // Note [Spared layers on the device] (pin_table.h): the bytes of its weights
+  // on its device when the application last said (Balancer::set_device_bytes),
+  // and of all its weights; none until it says.
+  struct OnDevice {
+    uint64_t bytes = 0;
+    uint64_t total = 0;
+  };
+  std::optional<OnDevice> on_device;
   // Note [Prewarm]: the most bytes its pins held at once while marked in the
   // prompt now (level), and in the last prompt it was marked in (-1: none yet).
   int64_t prompt_peak = 0;

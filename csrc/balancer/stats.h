@@ -23,6 +23,9 @@ struct ModelStats {
   int64_t bypassed[kBypassReasons] = {};  // COUNT casts served from the source, by Bypass
   bool active = false;             // level: executing now
   bool in_prompt = false;          // level: marked by the current prompt
+  // level: its weight bytes on its device as the application last said (Note
+  // [Spared layers on the device]); -1 until it says.
+  int64_t device_bytes = -1;
 
   int64_t bypassed_all() const {  // COUNT casts served from the source, every reason
     int64_t n = 0;

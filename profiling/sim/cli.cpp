@@ -39,6 +39,7 @@ const char* kUsage =
     "  --monitor-at-headroom   the monitor calls relieve() below the headroom itself (as before), which leaves pins' own slack\n"
     "  --buffered-fills        pins filled through the page cache (a loader's mapping), not as load_file fills them\n"
     "  --mark upfront|on-use   mark a prompt's models at its start (default) or at each model's first step\n"
+    "  --no-device-bytes       the application does not say each model's bytes on the device (pins.set_device_bytes)\n"
     "  --suite                 replay the generated scenario suite instead of a trace (docs/SIMULATOR.md\n"
     "                          \"The scenario suite\"): figures per policy against the oracle, mru and lru\n"
     "  --suite-kind K          suite (default: today's schedule of 14 patterns), v1 (the 10 before issue 39) or\n"
@@ -144,6 +145,7 @@ Options parse_args(const std::vector<std::string>& args) {
     else if (a == "--no-monitor") o.replay.monitor = false;
     else if (a == "--monitor-at-headroom") o.replay.monitor_at_headroom = true;
     else if (a == "--buffered-fills") o.replay.direct_fills = false;
+    else if (a == "--no-device-bytes") o.replay.device_bytes = false;
     else if (a == "--mark") {
       const std::string v = value();
       if (v == "upfront") o.replay.mark_upfront = true;

@@ -66,6 +66,7 @@ class Expander {
       step(static_cast<int>(i), p.steps[i]);
       sp.end = out.accesses.size();
       sp.vram_used_after = vram_used();
+      for (const DeviceModel& d : dev_) sp.device_after.push_back(d.resident_bytes);
       plan.steps.push_back(sp);
     }
     bound(plan, first, p);

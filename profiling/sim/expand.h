@@ -56,6 +56,9 @@ struct StepPlan {
   int passes = 1;
   size_t begin = 0, end = 0;  // its accesses
   uint64_t vram_used_after = 0;  // weights in VRAM after the step's load
+  // Each model's weight bytes on the device after the step's load (the other
+  // models' after what the step unloaded, before its copies).
+  std::vector<uint64_t> device_after;
 };
 
 // Note [Simulator lower bound]

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <list>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -120,6 +121,18 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
 
   PolicyResult out;
   out.policy = to_string(kind);
+  // What set_device_bytes last said of each model (none: nothing yet).
+  std::vector<std::optional<uint64_t>> said(t.models.size());
+  const auto say_device_bytes = [&](const StepPlan& sp, bool others) {
+    if (!o.device_bytes) return;
+    for (size_t m = 0; m < t.models.size(); ++m) {
+      if (others == (static_cast<int>(m) == sp.model)) continue;
+      const uint64_t now = sp.device_after[m];
+      if (said[m] == now || (!said[m] && now == 0)) continue;
+      bal.set_device_bytes(ids[m], now, t.models[m].bytes);
+      said[m] = now;
+    }
+  };
   for (const RunPlan& plan : e.runs) {
     RunResult rr;
     rr.run = plan.run;
@@ -171,6 +184,7 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
       // ops/models: set_active is a node boundary (relieve); so is end_prompt.
       bal.set_active(id, true);
       if (o.relieve) bal.relieve();
+      say_device_bytes(sp, true);  // what the step's unloads left
       for (size_t i = sp.begin; i < sp.end; ++i) {
         const Access& a = e.accesses[i];
         Request r;
@@ -207,6 +221,7 @@ PolicyResult replay_balancer(const Trace& t, const Expansion& e, PolicyKind kind
           bal.relieve();
         }
       }
+      say_device_bytes(sp, false);  // what its load keeps
       bal.set_active(id, false);
       if (o.relieve) bal.relieve();
     }

@@ -84,6 +84,11 @@ struct ReplayOptions {
   // The monitor's line the headroom itself, as before Note [Pressure from
   // others]: it then frees pins' own growth into their slack within the node.
   bool monitor_at_headroom = false;
+  // Balancer::set_device_bytes as ComfyUI's integration calls it (Note
+  // [Spared layers on the device]): each model's weight bytes on the device,
+  // when they changed, after the unloads that make room for a step (before its
+  // copies) and after its own load. False: the application says nothing.
+  bool device_bytes = true;
   std::string conf;            // PINS_CONF-syntax overrides of the balancer's Config
 };
 

@@ -118,6 +118,9 @@ TEST(SimExpand, OtherModelsUnloadWholeOrSmallestLayersFirst) {
   EXPECT_EQ(b.copied, 900 * M);
   EXPECT_EQ(e.runs[1].steps[0].vram_used_after, 700 * M);  // a0 a1 b0
   EXPECT_EQ(e.runs[1].steps[1].vram_used_after, 700 * M);  // b0 b1
+  // Each model's bytes on the device after each step (what pins.set_device_bytes says).
+  const std::vector<std::vector<uint64_t>> device = {{300 * M, 0}, {0, 700 * M}, {300 * M, 400 * M}, {0, 700 * M}};
+  for (size_t i = 0; i < device.size(); ++i) EXPECT_EQ(e.runs[i / 2].steps[i % 2].device_after, device[i]) << i;
 }
 
 TEST(SimExpand, CachedEncoderOutputSkipsTheModel) {

@@ -349,6 +349,50 @@ TEST(BalancerPolicy, TraceLetsAFirstSeenModelTakeThePinsOfAWorkflowThatHasNotRun
   }
 }
 
+// Note [Spared layers on the device]: a loaded three layers (cache pins, 3U)
+// of its 4U of weights; b, first seen, is refused a's pins unless the
+// application said how much of a is on its device: then b takes as many bytes
+// of them as are certainly of layers there (3U less what is off the device).
+TEST(BalancerPolicy, TraceLetsAFirstSeenModelTakeSparedPinsOfLayersOnTheDevice) {
+  for (const std::optional<uint64_t> on_device : {std::optional<uint64_t>(), std::optional<uint64_t>(0),
+                                                  std::optional<uint64_t>(2 * U), std::optional<uint64_t>(4 * U)}) {
+    SCOPED_TRACE(on_device ? std::to_string(*on_device / U) + "U on the device" : "never said");
+    Fixture f(3, policy_config(PolicyKind::Trace));
+    const ModelId a = f.bal.register_model("a", "cuda:0");
+    const ModelId b = f.bal.register_model("b", "cuda:0");
+    f.bal.mark_prompt({a});
+    for (uint64_t k : {1, 2, 3}) ASSERT_TRUE(f.cast(f.req(a, k, Kind::Weights, true)));
+    f.bal.end_prompt();
+    if (on_device) f.bal.set_device_bytes(a, *on_device, 4 * U);
+    const int room = !on_device ? 0 : static_cast<int>((*on_device > U ? *on_device - U : 0) / U);
+    f.bal.mark_prompt({b});
+    for (uint64_t k : {10, 11}) EXPECT_EQ(f.cast(f.req(b, k, Kind::Weights, true)), room >= static_cast<int>(k - 9));
+    EXPECT_EQ(f.count(a, Subset::WeightsLoaded), 3 - std::min(room, 2));
+    f.bal.end_prompt();
+  }
+}
+
+// Balancer::set_device_bytes: more than the total counts as the total; a model
+// not registered is a ValueError naming the call.
+TEST(BalancerPolicy, DeviceBytesAreCappedAtTheTotalAndNeedARegisteredModel) {
+  Fixture f(3, policy_config(PolicyKind::Trace));
+  const ModelId a = f.bal.register_model("a", "cuda:0");
+  const ModelId b = f.bal.register_model("b", "cuda:0");
+  f.bal.mark_prompt({a});
+  for (uint64_t k : {1, 2, 3}) ASSERT_TRUE(f.cast(f.req(a, k, Kind::Weights, true)));
+  f.bal.end_prompt();
+  f.bal.set_device_bytes(a, 9 * U, 3 * U);  // all of it
+  f.bal.mark_prompt({b});
+  EXPECT_TRUE(f.cast(f.req(b, 10, Kind::Weights, true)));
+  f.bal.end_prompt();
+  try {
+    f.bal.set_device_bytes(99, U, U);
+    ADD_FAILURE() << "no error for model 99";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("set_device_bytes"), std::string::npos) << e.what();
+  }
+}
+
 // Note [Idle cache pins] under the trace: a's layer 1 stays on the device
 // through a seed change, so its pin goes unused, and the next prompt that
 // changes the text loads it again first, as the full prompt's record says.
