@@ -1,5 +1,5 @@
-// pins::register_model, pins::forget_model, pins::set_active: the models the
-// balancer keeps pins for. Per-model options (ModelOptions in
+// pins::register_model, pins::forget_model, pins::set_active,
+// pins::set_device_bytes: the models the balancer keeps pins for. Per-model options (ModelOptions in
 // csrc/balancer/registry.h) are given at registration: fast_disk, the one
 // setting of ComfyUI's ModelPatcher that maps to the balancer (its weights
 // reload fast from disk: no -loaded pins for it), and size, the bytes of its
@@ -42,9 +42,16 @@ void set_active_kernel(int64_t model, bool active) {
   });
 }
 
+void set_device_bytes_kernel(int64_t model, int64_t bytes, int64_t total) {
+  TORCH_CHECK_VALUE(bytes >= 0, "set_device_bytes: bytes must be a byte count >= 0, got ", bytes);
+  TORCH_CHECK_VALUE(total >= 0, "set_device_bytes: total must be a byte count >= 0, got ", total);
+  translate([&] { balancer().set_device_bytes(model, static_cast<uint64_t>(bytes), static_cast<uint64_t>(total)); });
+}
+
 static_assert(std::is_same_v<decltype(register_model_kernel), decltype(register_model)>);
 static_assert(std::is_same_v<decltype(forget_model_kernel), decltype(forget_model)>);
 static_assert(std::is_same_v<decltype(set_active_kernel), decltype(set_active)>);
+static_assert(std::is_same_v<decltype(set_device_bytes_kernel), decltype(set_device_bytes)>);
 
 }  // namespace
 
@@ -65,6 +72,12 @@ void set_active(int64_t model, bool active) {
   op.call(model, active);
 }
 
+void set_device_bytes(int64_t model, int64_t bytes, int64_t total) {
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("pins::set_device_bytes", "").typed<decltype(set_device_bytes)>();
+  op.call(model, bytes, total);
+}
+
 }  // namespace pins::ops
 
 TORCH_LIBRARY_FRAGMENT(pins, m) {
@@ -72,4 +85,5 @@ TORCH_LIBRARY_FRAGMENT(pins, m) {
         &pins::ops::register_model_kernel);
   m.def("forget_model(int model) -> ()", &pins::ops::forget_model_kernel);
   m.def("set_active(int model, bool active) -> ()", &pins::ops::set_active_kernel);
+  m.def("set_device_bytes(int model, int bytes, int total) -> ()", &pins::ops::set_device_bytes_kernel);
 }

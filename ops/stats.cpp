@@ -108,6 +108,7 @@ void insert_model(c10::Dict<std::string, int64_t>& d, const std::string& prefix,
   insert_bypassed(d, prefix, m.bypassed, m.bypassed_all());
   d.insert(prefix + "active", static_cast<int64_t>(m.active));
   d.insert(prefix + "in_prompt", static_cast<int64_t>(m.in_prompt));
+  d.insert(prefix + "device_bytes", m.device_bytes);
   d.insert(prefix + "fast_disk", static_cast<int64_t>(m.options.fast_disk));
   d.insert(prefix + "size", static_cast<int64_t>(m.options.size));
 }

@@ -56,7 +56,8 @@ from . import _subclass  # noqa: E402  (tensor wrapper subclasses: Note [Wrapper
 from . import _report  # noqa: E402  (Note [Prompt history])
 
 __all__ = [
-    "register_model", "forget_model", "set_active", "mark_prompt", "end_prompt", "end_node", "prompt",
+    "register_model", "forget_model", "set_active", "set_device_bytes", "mark_prompt", "end_prompt", "end_node",
+    "prompt",
     "cast_to_device", "cast_many_to_device", "invalidate", "invalidate_model", "free_pins", "load_file", "stats",
     "Stats",
     "summary", "locked_bytes", "configure", "config", "config_sources", "report", "library_path", "__version__",
@@ -155,6 +156,22 @@ def set_active(model: int, active: bool = True) -> None:
     """Marks a model as executing now (its streaming pins are then evicted last).
     Becoming active counts as being loaded again."""
     _ops.set_active(model, active)
+
+
+@_host
+def set_device_bytes(model: int, nbytes: int, total: int) -> None:
+    """Says that ``nbytes`` of the model's ``total`` bytes of weights are on its
+    device now, after a load or an unload pins does not see (ComfyUI's
+    integration calls it with ``ModelPatcher.loaded_size()`` and
+    ``model_size()``). The trace policy then lets a new workflow's first load
+    take the pins of this model's layers that stay on the device (Note [Spared
+    layers on the device] in csrc/balancer/pin_table.h). More than ``total``
+    counts as ``total``."""
+    for name, value in (("nbytes", nbytes), ("total", total)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << 63):
+            raise ValueError(f"set_device_bytes: {name} must be a byte count (an int >= 0), "
+                             f"got {type(value).__name__} {value!r}")
+    _ops.set_device_bytes(model, nbytes, total)
 
 
 @_host

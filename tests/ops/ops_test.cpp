@@ -41,6 +41,7 @@ const std::set<std::string> kOps = {
     "register_model",
     "forget_model",
     "set_active",
+    "set_device_bytes",
     "mark_prompt",
     "end_prompt",
     "end_node",
@@ -76,6 +77,7 @@ TEST(PinsOps, EveryEntryPointHasItsSchemasCppTypes) {
   EXPECT_NO_THROW(handle("pins::register_model").typed<decltype(pins::ops::register_model)>());
   EXPECT_NO_THROW(handle("pins::forget_model").typed<decltype(pins::ops::forget_model)>());
   EXPECT_NO_THROW(handle("pins::set_active").typed<decltype(pins::ops::set_active)>());
+  EXPECT_NO_THROW(handle("pins::set_device_bytes").typed<decltype(pins::ops::set_device_bytes)>());
   EXPECT_NO_THROW(handle("pins::mark_prompt").typed<decltype(pins::ops::mark_prompt)>());
   EXPECT_NO_THROW(handle("pins::end_prompt").typed<decltype(pins::ops::end_prompt)>());
   EXPECT_NO_THROW(handle("pins::end_node").typed<decltype(pins::ops::end_node)>());
@@ -155,6 +157,12 @@ TEST(PinsOps, PromptResidentAndFree) {
   pins::ops::end_prompt();
   EXPECT_EQ(stat(model_key(m, "in_prompt")), 0);
   pins::ops::set_active(m, false);
+  // What stays on the device, as the application says (Note [Spared layers on the device]).
+  EXPECT_EQ(stat(model_key(m, "device_bytes")), -1);
+  pins::ops::set_device_bytes(m, 4096, 1 << 20);
+  EXPECT_EQ(stat(model_key(m, "device_bytes")), 4096);
+  pins::ops::set_device_bytes(m, 2 << 20, 1 << 20);
+  EXPECT_EQ(stat(model_key(m, "device_bytes")), 1 << 20) << "more than the total counts as the total";
   const int64_t pinned = stat("pinned_bytes");
   EXPECT_EQ(pins::ops::free_pins(1), 4096);
   EXPECT_EQ(stat("pinned_bytes"), pinned - 4096);
@@ -441,6 +449,9 @@ TEST(PinsOps, BadValuesAreValueErrors) {
       {"unknown model (cast)", [&] { pins::ops::cast_to_device(at::randn({4}), kCpu, std::nullopt, false, 424242); }},
       {"unknown model (forget)", [] { pins::ops::forget_model(424242); }},
       {"unknown model (set_active)", [] { pins::ops::set_active(424242, true); }},
+      {"unknown model (set_device_bytes)", [] { pins::ops::set_device_bytes(424242, 0, 0); }},
+      {"negative device bytes", [&] { pins::ops::set_device_bytes(m, -1, 0); }},
+      {"negative total", [&] { pins::ops::set_device_bytes(m, 0, -1); }},
       {"unknown model (mark_prompt)", [] { pins::ops::mark_prompt({424242}); }},
       {"empty name", [] { pins::ops::register_model("", kCpu); }},
       {"negative bytes", [] { pins::ops::free_pins(-1); }},

@@ -89,9 +89,23 @@ def test_unknown_model(pins):
     with pytest.raises(ValueError, match=r"model must be a registered model id or -1, got -7"):
         pins.cast_to_device(torch.randn(4), "cpu", model=-7)
     for call in (lambda: pins.forget_model(987654), lambda: pins.set_active(987654, True),
-                 lambda: pins.mark_prompt([987654])):
+                 lambda: pins.mark_prompt([987654]), lambda: pins.set_device_bytes(987654, 0, 0)):
         with pytest.raises(ValueError, match=r"model 987654 is not registered"):
             call()
+
+
+def test_set_device_bytes_takes_byte_counts(pins, model):
+    for args, what in (((-1, 10), r"nbytes must be a byte count \(an int >= 0\), got int -1"),
+                       ((1, -2), r"total must be a byte count \(an int >= 0\), got int -2"),
+                       ((True, 10), r"nbytes must be a byte count \(an int >= 0\), got bool True"),
+                       ((1.5, 10), r"nbytes must be a byte count \(an int >= 0\), got float 1.5")):
+        with pytest.raises(ValueError, match=what):
+            pins.set_device_bytes(model, *args)
+    with pytest.raises(ValueError, match=r"set_device_bytes: bytes must be a byte count >= 0, got -1"):
+        torch.ops.pins.set_device_bytes(model, -1, 10)  # the op itself, not only the wrapper
+    assert pins.stats()[f"model.{model}.device_bytes"] == -1, "a refused call says nothing"
+    pins.set_device_bytes(model, 3, 10)
+    assert pins.stats()[f"model.{model}.device_bytes"] == 3
 
 
 def test_mark_prompt_is_all_or_nothing(pins, model):

@@ -184,6 +184,7 @@ def _test_nodes(c):
             import torch_pins as pins
 
             c.mm.load_models_gpu([model])
+            RUN.setdefault("loaded", []).append((model.loaded_size(), model.model_size(), pins.stats()))
             if lowvram:  # what ComfyUI does when VRAM runs short: stream the weights, patch on the fly
                 model.partially_unload(model.offload_device, 1e30)
             x = torch.randn(2, 32, generator=torch.Generator().manual_seed(seed))
@@ -332,8 +333,11 @@ def _run(comfyui, graphs, between=None):
 
     model = integration.model_id(RUN["patcher"])
     comfyui.mm.unload_all_models()
+    import torch_pins as pins
+
     return types.SimpleNamespace(outputs=list(RUN["outputs"]), steps=list(RUN.get("steps", ())),
-                                 inference_weights=RUN.get("inference_weights"), model=model)
+                                 inference_weights=RUN.get("inference_weights"), model=model,
+                                 loaded=list(RUN.get("loaded", ())), unloaded=pins.stats())
 
 
 def _delta(steps, key):
@@ -362,6 +366,13 @@ def test_weights_loaded_in_inference_mode_hit_from_the_second_step(comfyui, inte
     assert misses[0] == 4 and hits[0] == 0, (hits, misses)   # the first step pins each module once
     assert hits[1:] == [4] * (PROMPTS * STEPS - 1), hits      # every later step, every prompt: hits
     assert misses[1:] == [0] * (PROMPTS * STEPS - 1), misses
+    # Note [Spared layers on the device]: after each load ComfyUI's own count of
+    # what stays on the load device reached pins, and after /free's unload, none.
+    key = f"model.{served.model}.device_bytes"
+    assert len(served.loaded) == PROMPTS
+    for on_device, total, stats in served.loaded:
+        assert 0 < on_device <= total and stats[key] == on_device, (on_device, total, stats[key])
+    assert served.unloaded[key] == 0
 
 
 def test_a_weight_rewritten_with_copy_to_param_is_never_served_stale(comfyui, integration, tmp_path):

@@ -815,13 +815,14 @@ def test_one_info_line_says_version_mode_hooks_policy_and_budget(comfy_env, capl
 def _with_unloads(env):
     mm = env.m["comfy.model_management"]
     mm.current_loaded = []
+    mm.partial_unloads = False
 
     class LoadedModel:
         def __init__(self, patcher):
             self.model = patcher
 
         def model_unload(self, memory_to_free=None, unpatch_weights=True):
-            return True
+            return not mm.partial_unloads  # ComfyUI's returns False when a partial unload freed enough
 
     def unload_all_models():
         for loaded in list(mm.current_loaded):
@@ -867,6 +868,43 @@ def test_a_model_comfyui_unloads_is_inactive_and_keeps_its_pins(comfy_env):
     stats = comfy_env.pins.stats()
     assert stats[f"model.{model}.active"] == 0
     assert stats[f"model.{model}.weights.pins"] == pinned > 0, "the cache it reloads from"
+
+
+def test_loads_and_unloads_say_how_much_of_the_model_stays_on_the_device(comfy_env):
+    """Note [Spared layers on the device]: pins sees the loads' copies, not what
+    leaves the device; after each load and each unload (partial or whole) the
+    integration says how much of the model ComfyUI keeps there."""
+    mm = _with_unloads(comfy_env)
+    comfy_env.integration.enable(cpu_targets=True)
+    net, patcher = _net_and_patcher(comfy_env)
+    on_device = {"bytes": 0}
+    patcher.loaded_size = lambda: on_device["bytes"]  # ComfyUI's: the weight bytes on the load device
+
+    def said():
+        return [c[1] for c in comfy_env.rec.calls if c[0] == "set_device_bytes"]
+
+    total = patcher.model_size()
+    on_device["bytes"] = total
+    mm.load_models_gpu([patcher])
+    model = comfy_env.integration.model_id(patcher)
+    assert said() == [(model, total, total)]
+    # A partial unload (ComfyUI's model_unload returns False): the model stays active.
+    mm.partial_unloads = True
+    on_device["bytes"] = total // 4
+    assert mm.LoadedModel(patcher).model_unload(total) is False
+    assert said()[-1] == (model, total // 4, total)
+    assert comfy_env.pins.stats()[f"model.{model}.active"] == 1
+    # The whole model: inactive, nothing on the device.
+    mm.partial_unloads = False
+    on_device["bytes"] = 0
+    assert mm.LoadedModel(patcher).model_unload() is True
+    assert said()[-1] == (model, 0, total)
+    assert comfy_env.pins.stats()[f"model.{model}.active"] == 0
+    # A patcher without loaded_size (a custom node's own) says nothing.
+    del patcher.loaded_size
+    n = len(said())
+    mm.load_models_gpu([patcher])
+    assert len(said()) == n
 
 
 # --- patch pins across boundaries (audit 5) ---

@@ -4,6 +4,7 @@ import torch
 
 # Every op of the pins namespace has an opcheck below.
 CHECKED = {"cast_to_device", "cast_many_to_device", "register_model", "forget_model", "set_active", "mark_prompt",
+           "set_device_bytes",
            "end_prompt", "end_node", "invalidate", "invalidate_model", "load_file", "free_pins", "stats", "summary",
            "locked_bytes", "configure", "config", "config_sources"}
 # Overloads besides "default": cast_to_device's out= variant.
@@ -116,6 +117,7 @@ def test_opcheck_invalidate(pins, model):
     ("register_model", ("opcheck-fast", torch.device("cpu"), True)),
     ("register_model", ("opcheck-sized", torch.device("cpu"), False, 1 << 20)),
     ("set_active", None),
+    ("set_device_bytes", None),
     ("mark_prompt", None),
     ("end_prompt", ()),
     ("end_node", ()),
@@ -130,7 +132,8 @@ def test_opcheck_invalidate(pins, model):
 ])
 def test_opcheck_control_ops(pins, model, name, args):
     if args is None:
-        args = {"set_active": (model, False), "mark_prompt": ([model],), "invalidate_model": (model,)}[name]
+        args = {"set_active": (model, False), "set_device_bytes": (model, 1 << 20, 4 << 20), "mark_prompt": ([model],),
+                "invalidate_model": (model,)}[name]
     utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     if name in ("register_model", "stats", "summary", "locked_bytes", "config", "config_sources"):
         # Each call returns a new id / the counters of that moment, so eager and

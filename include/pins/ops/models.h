@@ -1,5 +1,5 @@
-// pins::register_model, pins::forget_model, pins::set_active
-// (ops/models.cpp). An id that names no registered model is a
+// pins::register_model, pins::forget_model, pins::set_active,
+// pins::set_device_bytes (ops/models.cpp). An id that names no registered model is a
 // c10::ValueError naming it.
 #pragma once
 
@@ -29,5 +29,13 @@ PINS_API void forget_model(int64_t model);
 // Marks `model` as executing now (or no longer), then runs the RAM-pressure
 // check; a model becoming active wakes the prewarm (Note [Prewarm]).
 PINS_API void set_active(int64_t model, bool active);
+
+// Says that `bytes` of `model`'s `total` bytes of weights are on its device
+// now (more than `total` counts as `total`): the application's loads and
+// unloads, which pins does not see (Note [Spared layers on the device] in
+// csrc/balancer/pin_table.h; ComfyUI's integration reports
+// ModelPatcher.loaded_size() of model_size() after each). A negative count is
+// a c10::ValueError.
+PINS_API void set_device_bytes(int64_t model, int64_t bytes, int64_t total);
 
 }  // namespace pins::ops

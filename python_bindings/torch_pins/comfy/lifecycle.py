@@ -8,7 +8,11 @@ where it does not. ``load_models_gpu`` marks the models it loads as in the
 prompt and active (which wakes pins' prewarm while ComfyUI loads them);
 ``LoadedModel.model_unload`` marks an unloaded model inactive (its pins stay:
 the cache it reloads from); ``unload_all_models`` (the ``/free`` endpoint)
-marks every model inactive and frees every pin."""
+marks every model inactive and frees every pin. After each load and unload,
+how much of the model stays on its device (``ModelPatcher.loaded_size()`` of
+``model_size()``) goes to ``pins.set_device_bytes``: pins sees the loads'
+copies, not what leaves the device (Note [Spared layers on the device] in
+csrc/balancer/pin_table.h)."""
 import contextlib
 import functools
 import inspect
@@ -39,8 +43,25 @@ def wrap_load_models_gpu(original):
                 pins.mark_prompt(ids)
                 for i in ids:
                     pins.set_active(i, True)
-        return original(models, *args, **kwargs)
+        result = original(models, *args, **kwargs)
+        if state is not None:
+            for patcher in patchers(models):
+                entry = entry_of(state, patcher)
+                if entry is not None:
+                    _say_device_bytes(entry.pins_id, patcher)
+        return result
     return load_models_gpu
+
+
+def _say_device_bytes(pins_id: int, patcher) -> None:
+    """How much of the model ComfyUI keeps on its device now, where the patcher
+    says (``loaded_size`` and ``model_size``, in every release pins supports)."""
+    loaded_size, model_size = getattr(patcher, "loaded_size", None), getattr(patcher, "model_size", None)
+    if not callable(loaded_size) or not callable(model_size):
+        return
+    on_device, total = int(loaded_size()), int(model_size())
+    with contextlib.suppress(ValueError):  # forgotten meanwhile
+        pins.set_device_bytes(pins_id, max(on_device, 0), max(total, 0))
 
 
 def wrap_model_unload(original):
@@ -48,10 +69,12 @@ def wrap_model_unload(original):
     def model_unload(self, *args, **kwargs):
         unloaded = original(self, *args, **kwargs)
         state = current()
-        if state is not None and unloaded:
-            entry = entry_of(state, getattr(self, "model", None))  # the LoadedModel's ModelPatcher
-            if entry is not None:
+        patcher = getattr(self, "model", None)  # the LoadedModel's ModelPatcher
+        entry = entry_of(state, patcher) if state is not None else None
+        if entry is not None:
+            if unloaded:
                 _set_inactive(entry.pins_id)
+            _say_device_bytes(entry.pins_id, patcher)  # a partial unload too
         return unloaded
     return model_unload
 
