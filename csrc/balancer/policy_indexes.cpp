@@ -110,31 +110,38 @@ void PinTable::walk(Reach reach, const std::function<bool(const Candidate&)>& vi
       spare = {check.spared(asker.model), subset_bit(Subset::Weights)};
     }
   }
-  walk_spared_on_device(reach, spare, rest, reuse);
-  if (stopped) return;
+  if (spare.models != nullptr && (spare.subsets & subset_bit(Subset::WeightsLoaded))) {
+    walk_spared_on_device(reach, spare, rest, reuse);
+    if (stopped) return;
+  }
   walk_eviction_order(models_, reach, policy_, trace_, rest, reuse, kWeightSubsets, spare);
 }
 
 // Note [Spared layers on the device]: of each spared model's cache pins, as
-// many bytes as are certainly of layers on its device, farthest predicted use first.
+// many bytes as are certainly of layers on its device, farthest predicted use
+// first. O(models) and a walk of their cache pins, only for a first-seen model's load.
 void PinTable::walk_spared_on_device(Reach reach, const Spare& spare,
                                      const std::function<bool(const Candidate&)>& visit, const ReuseView& reuse) {
   std::unordered_map<ModelId, uint64_t> room;
   std::unordered_set<ModelId> others;  // walked here: none of their pins
+  uint64_t rooms = 0;
   for (const auto& [id, m] : models_) {
     const uint64_t cached = static_cast<uint64_t>(m->stats[static_cast<int>(Subset::WeightsLoaded)].bytes);
     const uint64_t off = m->on_device ? m->on_device->total - m->on_device->bytes : 0;
-    if (spare.covers(id, Subset::WeightsLoaded) && m->on_device && cached > off)
+    if (spare.covers(id, Subset::WeightsLoaded) && m->on_device && cached > off) {
       room[id] = cached - off;
-    else
+      rooms += cached - off;
+    } else {
       others.insert(id);
+    }
   }
-  if (room.empty()) return;
+  if (rooms == 0) return;
   const auto take = [&](const Candidate& c) {
     uint64_t& left = room[c.pin->model];
     if (left < c.pin->bytes) return true;  // not certainly on the device
     left -= c.pin->bytes;
-    return visit(c);
+    rooms -= c.pin->bytes;
+    return visit(c) && rooms > 0;
   };
   walk_eviction_order(models_, reach, policy_, trace_, take, reuse, subset_bit(Subset::WeightsLoaded),
                       Spare{&others, kAllSubsets});
