@@ -159,10 +159,13 @@ struct Asker {
 // The new pin of a first-seen model takes up to that many bytes of them,
 // farthest predicted use first, before the rest of the walk; the pins beyond
 // it stay spared. A model whose device bytes were never said keeps every pin.
-// On pins-sim's held-out sets 1-47 (the sim reports what its expansion keeps
-// on the device, as ComfyUI's integration does), 37 -> 34 of 1,880 scenarios
-// read more than min(lru, mru) plus a layer a run; suite seeds 1-5 10 -> 10
-// of 1,000; two of the five held-out scenarios over 1.25x mru no longer are
+// On pins-sim's held-out sets 1-47 (the sim says what its expansion keeps on
+// the device, as ComfyUI's integration does), 37 -> 34 of 1,880 scenarios
+// read more than min(lru, mru) plus a layer a run, and two of the four that
+// read more than 1.25x mru no longer do (u33-18 1.87x -> 1.12x, u38-6 1.68x
+// -> 0.92x); suite seeds 1-5 10 -> 10 of 1,000. Taking the lower bound, not
+// the pins of exactly the layers on the device (which no application can say
+// under ComfyUI's dynamic VRAM), read no more: 35 over with those
 // (docs/SIMULATOR.md, "Issue 39's seventh round").
 class PinTable {
  public:
