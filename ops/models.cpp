@@ -1,5 +1,6 @@
 // pins::register_model, pins::forget_model, pins::set_active,
-// pins::set_device_bytes: the models the balancer keeps pins for. Per-model options (ModelOptions in
+// pins::set_device_bytes: the models the balancer keeps pins for, and what
+// the application says of them. Per-model options (ModelOptions in
 // csrc/balancer/registry.h) are given at registration: fast_disk, the one
 // setting of ComfyUI's ModelPatcher that maps to the balancer (its weights
 // reload fast from disk: no -loaded pins for it), and size, the bytes of its

@@ -1,6 +1,6 @@
 // pins::register_model, pins::forget_model, pins::set_active,
-// pins::set_device_bytes (ops/models.cpp). An id that names no registered model is a
-// c10::ValueError naming it.
+// pins::set_device_bytes (ops/models.cpp). An id that names no registered
+// model is a c10::ValueError naming it.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -81,9 +81,12 @@ TABLE: Tuple[HookPoint, ...] = (
               "destination through pins, on ComfyUI's stream, `resident` for `weights-loaded`; under "
               "`--fast-disk` a layer ComfyUI would not pin is copied from its source"),
     HookPoint(MM, "", "load_models_gpu", lifecycle.wrap_load_models_gpu, "boundary", BOTH,
-              "marks the models a node loads as used by the prompt and active (wakes the prewarm)"),
+              "marks the models a node loads as used by the prompt and active (wakes the prewarm); after "
+              "the load, says how much of each stays on the device (`set_device_bytes`: `loaded_size()` of "
+              "`model_size()`)"),
     HookPoint(MM, "LoadedModel", "model_unload", lifecycle.wrap_model_unload, "boundary", BOTH,
-              "an unloaded model is inactive; its pins stay, the cache it reloads from"),
+              "an unloaded model is inactive; its pins stay, the cache it reloads from; after a partial or "
+              "whole unload, says how much stays on the device"),
     HookPoint(MM, "", "unload_all_models", lifecycle.wrap_unload_all, "boundary", BOTH,
               "`/free`: every model inactive, every pin freed"),
     HookPoint(MP, "PromptModelTracker", "start", lifecycle.wrap_tracker_start, "boundary", NEWER,
