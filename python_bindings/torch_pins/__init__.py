@@ -125,6 +125,12 @@ def _check_signature(op: str, signature: Optional[int]) -> None:
         raise ValueError(f"{op}: signature must be None or an int64, got {type(signature).__name__} {signature!r}")
 
 
+def _check_byte_count(op: str, name: str, value: int) -> None:
+    # An int64 >= 0 (a bool is no count); a clear error naming the argument.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << 63):
+        raise ValueError(f"{op}: {name} must be a byte count (an int >= 0), got {type(value).__name__} {value!r}")
+
+
 @_host
 def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False, size: int = 0) -> int:
     """Registers a model (weights that load and unload together) and returns its id.
@@ -140,8 +146,7 @@ def register_model(name: str, load_device: DeviceLike, fast_disk: bool = False, 
     ``<name>#<id>``."""
     if not isinstance(fast_disk, bool):
         raise ValueError(f"register_model: fast_disk must be a bool, got {type(fast_disk).__name__} {fast_disk!r}")
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < (1 << 63):
-        raise ValueError(f"register_model: size must be a byte count (an int >= 0), got {type(size).__name__} {size!r}")
+    _check_byte_count("register_model", "size", size)
     return _ops.register_model(name, torch.device(load_device), fast_disk, size)
 
 
@@ -167,10 +172,8 @@ def set_device_bytes(model: int, nbytes: int, total: int) -> None:
     take the pins of this model's layers that stay on the device (Note [Spared
     layers on the device] in csrc/balancer/pin_table.h). More than ``total``
     counts as ``total``."""
-    for name, value in (("nbytes", nbytes), ("total", total)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << 63):
-            raise ValueError(f"set_device_bytes: {name} must be a byte count (an int >= 0), "
-                             f"got {type(value).__name__} {value!r}")
+    _check_byte_count("set_device_bytes", "nbytes", nbytes)
+    _check_byte_count("set_device_bytes", "total", total)
     _ops.set_device_bytes(model, nbytes, total)
 
 

@@ -112,6 +112,12 @@ struct Fixture {
     bal.end_prompt();
     return pinned;
   }
+  // One prompt of model m loading `keys`, which stay on the device: each must get a pin.
+  void load_all(ModelId m, const std::vector<uint64_t>& keys) {
+    bal.mark_prompt({m});
+    for (uint64_t k : keys) EXPECT_TRUE(cast(req(m, k, Kind::Weights, true))) << "refused: key " << k;
+    bal.end_prompt();
+  }
   int count(ModelId m, Subset s) {
     int n = 0;
     for (const auto& p : bal.pins()) n += p.model == m && p.subset == s;
@@ -360,9 +366,7 @@ TEST(BalancerPolicy, TraceLetsAFirstSeenModelTakeSparedPinsOfLayersOnTheDevice) 
     Fixture f(3, policy_config(PolicyKind::Trace));
     const ModelId a = f.bal.register_model("a", "cuda:0");
     const ModelId b = f.bal.register_model("b", "cuda:0");
-    f.bal.mark_prompt({a});
-    for (uint64_t k : {1, 2, 3}) ASSERT_TRUE(f.cast(f.req(a, k, Kind::Weights, true)));
-    f.bal.end_prompt();
+    f.load_all(a, {1, 2, 3});
     if (on_device) f.bal.set_device_bytes(a, *on_device, 4 * U);
     const int room = !on_device ? 0 : static_cast<int>((*on_device > U ? *on_device - U : 0) / U);
     f.bal.mark_prompt({b});
@@ -378,9 +382,7 @@ TEST(BalancerPolicy, DeviceBytesAreCappedAtTheTotalAndNeedARegisteredModel) {
   Fixture f(3, policy_config(PolicyKind::Trace));
   const ModelId a = f.bal.register_model("a", "cuda:0");
   const ModelId b = f.bal.register_model("b", "cuda:0");
-  f.bal.mark_prompt({a});
-  for (uint64_t k : {1, 2, 3}) ASSERT_TRUE(f.cast(f.req(a, k, Kind::Weights, true)));
-  f.bal.end_prompt();
+  f.load_all(a, {1, 2, 3});
   f.bal.set_device_bytes(a, 9 * U, 3 * U);  // all of it
   f.bal.mark_prompt({b});
   EXPECT_TRUE(f.cast(f.req(b, 10, Kind::Weights, true)));
