@@ -156,6 +156,7 @@ c10::Dict<std::string, int64_t> stats_kernel() {
     d.insert("relieve_calls", bs.relieve_calls);
     d.insert("trace_departures", bs.trace_departures);
     d.insert("trace_records", bs.trace_records);
+    d.insert("trace_bytes", bs.trace_bytes);
     d.insert("reuse_keys", bs.reuse_keys);
     d.insert("prompt", static_cast<int64_t>(bs.prompt));
     d.insert("models", static_cast<int64_t>(bs.models.size()));

@@ -258,6 +258,7 @@ void PinTable::collect(BalancerStats& out) const {
   out.rule_conditioning_wrong = trace_.conditioning_check().check().wrong_verdicts();
   out.rule_conditioning_right = trace_.conditioning_check().check().right_verdicts();
   out.trace_records = static_cast<int64_t>(trace_.records());
+  out.trace_bytes = static_cast<int64_t>(trace_.bytes());
   out.reuse_keys = static_cast<int64_t>(reuse_.keys());
 }
 

@@ -47,6 +47,7 @@ struct BalancerStats {
   int64_t relieve_calls = 0;       // COUNT
   int64_t trace_departures = 0;    // COUNT prompts that departed from every record (Note [Trace policy])
   int64_t trace_records = 0;       // level: prompt records kept
+  int64_t trace_bytes = 0;         // level: bytes the records and the current prompt's hold (Note [Trace memory])
   // COUNT verdicts on the trace's prediction rules (Note [Rule checks]).
   int64_t rule_first_seen_wrong = 0, rule_first_seen_right = 0;
   int64_t rule_conditioning_wrong = 0, rule_conditioning_right = 0;

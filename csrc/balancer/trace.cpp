@@ -3,6 +3,18 @@
 #include <algorithm>
 
 namespace pins {
+namespace {
+
+// Note [Trace memory]: a hash container's bytes, by its size: the bucket array
+// and a node (the value and two pointers' worth of link and hash) an entry.
+template <typename Hash>
+size_t hash_bytes(const Hash& h) {
+  // One bucket is the container's own (libstdc++ allocates none for it).
+  const size_t buckets = h.bucket_count() > 1 ? h.bucket_count() : 0;
+  return buckets * sizeof(void*) + h.size() * (sizeof(typename Hash::value_type) + 2 * sizeof(void*));
+}
+
+}  // namespace
 
 size_t TraceRecorder::first_followed() const {
   size_t first = 0;
@@ -32,8 +44,8 @@ size_t TraceRecorder::active() const {
 
 void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
   // A prompt longer than the limit (or a process that never ends one) keeps no
-  // record, so memory stays bounded.
-  if (now_.size() < kLimit) {
+  // record, so memory stays bounded: past it, nothing more until the boundary.
+  if (!overflow_ && now_.size() < kLimit) {
     Seen& seen = now_first_.try_emplace(k, Seen{static_cast<uint32_t>(now_.size()), 0}).first->second;
     seen.count++;
     find_conditioning(k, seen);
@@ -95,8 +107,11 @@ void TraceRecorder::find_conditioning(const TraceKey& k, const Seen& seen) {
 
 void TraceRecorder::clear_now(bool release) {
   if (release) {
-    now_ = {};
-    now_first_ = {};
+    // Swapped out, not assigned `{}`: that is the initializer-list assignment,
+    // which keeps the capacity (a prompt past kLimit held its 2^20 accesses'
+    // 40 MiB until the process ended; Note [Trace memory]).
+    std::vector<TraceKey>().swap(now_);
+    decltype(now_first_)().swap(now_first_);
   }
   now_.clear();
   now_first_.clear();
@@ -111,6 +126,7 @@ void TraceRecorder::end_prompt() {
   } else if (!now_.empty()) {
     Record rec;
     rec.keys = std::move(now_);
+    rec.keys.shrink_to_fit();  // kept for kRecords prompts: no growth slack (Note [Trace memory])
     for (uint32_t i = 0; i < rec.keys.size(); ++i) rec.pos[rec.keys[i]].push_back(i);
     for (const TraceKey& k : rec.keys) rec.models.insert(k.model);
     for (const auto& [k, seen] : now_first_)
@@ -139,6 +155,9 @@ void TraceRecorder::end_prompt() {
     if (!records_.empty()) rec.before = records_.front().models;
     rec.again = !records_.empty() && same_workflow(rec, records_.front());
     for (ModelId m : rec.models) rec.detour |= !records_.empty() && !knows_model(m);
+    rec.bytes = rec.keys.capacity() * sizeof(TraceKey) + hash_bytes(rec.pos) + hash_bytes(rec.models) +
+                hash_bytes(rec.samplers) + hash_bytes(rec.conditioning) + hash_bytes(rec.before);
+    for (const auto& [k, at] : rec.pos) rec.bytes += at.capacity() * sizeof(uint32_t);
     records_.push_front(std::move(rec));
     if (records_.size() > kRecords) records_.pop_back();
     // Which records followed what the prompt just before the next one (this
@@ -183,6 +202,12 @@ void TraceRecorder::count_streaks() {
     }
   }
   streaks_go_on_ = went_on > switched;
+}
+
+size_t TraceRecorder::bytes() const {
+  size_t n = now_.capacity() * sizeof(TraceKey) + hash_bytes(now_first_);
+  for (const Record& r : records_) n += r.bytes;
+  return n;
 }
 
 bool TraceRecorder::knows_model(ModelId m) const {

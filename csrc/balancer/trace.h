@@ -174,6 +174,17 @@
 // with ComfyUI's marking (--mark on-use) no count changed (docs/SIMULATOR.md,
 // "Issue 39's fourth round").
 //
+// Note [Trace memory]
+// The recorder keeps the last kRecords prompts' records and the current
+// prompt's accesses: 40 bytes an access for its key, 4 to 8 for its position,
+// and about a hundred for each key a record holds; at most kLimit accesses a
+// record, and a prompt past the limit holds none (until issue 39's eighth
+// round it kept its 2^20 accesses' capacity, 40 MiB, for the life of the
+// process). bytes() counts them by the containers' sizes, without the
+// allocator's own overhead; Balancer::stats() reports it as trace_bytes. A
+// prompt that streams 1,000 tensors for 20 steps holds 1.2 MB a record
+// (TraceRecorder.BytesCountTheRecordsAndTheCurrentPrompt).
+//
 // Note [Trace index]
 // A prediction is next_use = rank's class and value read against the active
 // record: class 0, an absolute position p at or after the cursor (next use
@@ -254,6 +265,9 @@ class TraceRecorder {
   uint64_t generation() const { return generation_; }
 
   size_t records() const { return records_.size(); }
+  // Note [Trace memory]: the bytes the kept records and the current prompt's
+  // accesses hold, by their containers' sizes. O(records).
+  size_t bytes() const;
   // Whether a kept record accessed `m` (Note [First-seen models], pin_table.h).
   bool knows_model(ModelId m) const;
   // Whether the current prompt ran `m` only before its sampler's loop (Note
@@ -329,6 +343,7 @@ class TraceRecorder {
     bool again = false;      // the prompt before it ran its workflow (same_workflow)
     bool went_on = false;    // a prompt after it marked its samplers and accessed nothing
     bool with_last = false;  // the last prompt ran its workflow (same_workflow)
+    size_t bytes = 0;        // what its containers hold (Note [Trace memory])
   };
   // Note [Trace context]: b continues a's workflow, or a b's.
   static bool same_workflow(const Record& a, const Record& b) {

@@ -1093,15 +1093,20 @@ TEST(BalancerPolicy, TraceRecordsAreBounded) {
   const ModelId a = mru.bal.register_model("a", "cuda:0");
   mru.prompt(a, {1, 2, 3});
   EXPECT_EQ(mru.bal.stats().trace_records, 0) << "mru needs no record";
+  EXPECT_EQ(mru.bal.stats().trace_bytes, 0);
 
   Fixture f(8, policy_config(PolicyKind::Trace));
   const ModelId m = f.bal.register_model("m", "cuda:0");
   f.prompt(m, {1, 2, 3});
   EXPECT_EQ(f.bal.stats().trace_records, 1);
+  const int64_t one = f.bal.stats().trace_bytes;
+  EXPECT_GT(one, 0) << "Note [Trace memory]: the record's bytes";
   f.bal.mark_prompt({m});
   for (size_t i = 0; i < (size_t{1} << 20) + 10; ++i) ASSERT_TRUE(f.cast(f.req(m, 1 + i % 3)));
+  EXPECT_LT(f.bal.stats().trace_bytes, one + 4096) << "past the limit the prompt holds none of its accesses";
   f.bal.end_prompt();
   EXPECT_EQ(f.bal.stats().trace_records, 1) << "a prompt past the limit left a record";
+  EXPECT_LE(f.bal.stats().trace_bytes, one) << "nor kept the accesses it recorded";
   f.prompt(m, {1, 2, 3});
   EXPECT_EQ(f.bal.stats().trace_records, 2) << "recording resumes after the boundary";
 }

@@ -314,6 +314,33 @@ TEST(TraceRecorder, WhereStreaksGoOnAOneOffIsNotPredictedToComeRound) {
   }
 }
 
+// Note [Trace memory]: bytes() counts each record's accesses and keys and the
+// current prompt's, and what the recorder drops leaves the count.
+TEST(TraceRecorder, BytesCountTheRecordsAndTheCurrentPrompt) {
+  TraceRecorder t;
+  EXPECT_LT(t.bytes(), 1024u) << "nothing recorded";
+  constexpr size_t kTensors = 1000, kSteps = 20, kAccesses = kTensors * kSteps;
+  const auto streaming_prompt = [&] {
+    for (size_t s = 0; s < kSteps; ++s)
+      for (uint64_t k = 0; k < kTensors; ++k) t.record(w(k));
+  };
+  streaming_prompt();
+  const size_t current = t.bytes();
+  EXPECT_GE(current, kAccesses * sizeof(TraceKey)) << "the current prompt's accesses";
+  t.end_prompt();
+  const size_t one = t.bytes();
+  std::printf("a prompt of %zu tensors for %zu steps: %zu bytes a record\n", kTensors, kSteps, one);
+  EXPECT_GE(one, kAccesses * (sizeof(TraceKey) + sizeof(uint32_t)) + kTensors * sizeof(TraceKey));
+  EXPECT_LE(one, kAccesses * 64 + kTensors * 256) << "about 40 bytes an access, a hundred more a key";
+  for (size_t p = 1; p < TraceRecorder::kRecords + 3; ++p) {
+    streaming_prompt();
+    t.end_prompt();
+  }
+  EXPECT_EQ(t.records(), TraceRecorder::kRecords);
+  EXPECT_LE(t.bytes(), TraceRecorder::kRecords * one + one / 2) << "the records dropped left the count";
+  EXPECT_GE(t.bytes(), TraceRecorder::kRecords * (one - one / 4));
+}
+
 // Note [Trace marks] before the prompt's first access: a seed change of a
 // workflow (encoder 1, sampler 2) marks its sampler and not the encoder, whose
 // output comes from the application's cache. At the prompt's start the record
