@@ -58,9 +58,11 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
   if (departed_) return;
   const size_t was_active = active();
   bool following = false, reported = false;
+  const size_t report = was_active < records_.size() ? leader(was_active) : records_.size();
   for (size_t i = 0; i < records_.size(); ++i) {
     Record& rec = records_[i];
     if (rec.departed) continue;
+    if (rec.twin != 0) continue;  // moves with its twin, below (Note [Trace memory])
     const size_t window = std::max<size_t>(64, rec.keys.size() / 50);
     bool found = false;
     if (auto it = rec.pos.find(k); it != rec.pos.end()) {
@@ -68,7 +70,7 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
       if (pos != it->second.end() && *pos - rec.cursor <= window) {
         // Note [Trace index]: the keys whose positions the active cursor passes.
         // They end with `k` itself.
-        if (i == was_active && moved != nullptr) {
+        if (i == report && moved != nullptr) {
           moved->insert(moved->end(), rec.keys.begin() + static_cast<std::ptrdiff_t>(rec.cursor),
                         rec.keys.begin() + static_cast<std::ptrdiff_t>(*pos) + 1);
           reported = true;
@@ -80,6 +82,12 @@ void TraceRecorder::record(const TraceKey& k, std::vector<TraceKey>* moved) {
     // A patch set that changed (a LoRA swap) leaves the weights' order as it was.
     if (!found && k.kind != Kind::Patches) rec.departed = true;
     following |= !rec.departed;
+  }
+  for (size_t i = 0; i < records_.size(); ++i) {
+    Record& rec = records_[i];
+    if (rec.twin == 0 || rec.departed) continue;
+    rec.cursor = records_[leader(i)].cursor;
+    rec.departed = records_[leader(i)].departed;
   }
   if (moved != nullptr && !reported) moved->push_back(k);  // its first use in this prompt may be new
   settle(was_active, following);
@@ -160,6 +168,12 @@ void TraceRecorder::end_prompt() {
     for (const auto& [k, at] : rec.pos) rec.bytes += at.capacity() * sizeof(uint32_t);
     records_.push_front(std::move(rec));
     if (records_.size() > kRecords) records_.pop_back();
+    // Note [Trace memory]: an older record with the same accesses as this one
+    // follows a prompt exactly as it does, so it moves with it and costs a
+    // cast no lookup of its own. (Its twin is newer: it is dropped first.)
+    const std::vector<TraceKey>& keys = records_.front().keys;
+    for (size_t i = 1; i < records_.size(); ++i)
+      if (records_[i].keys.size() == keys.size() && records_[i].keys == keys) records_[i].twin = i;
     // Which records followed what the prompt just before the next one (this
     // one) ran.
     for (Record& r : records_) {
@@ -192,7 +206,9 @@ void TraceRecorder::end_prompt() {
 }
 
 void TraceRecorder::count_streaks() {
-  int went_on = 0, switched = 0;
+  // A streak longer than the kept records: the oldest one continued its
+  // workflow, whose first record is gone (Note [Trace memory]).
+  int went_on = !records_.empty() && records_.back().again ? 1 : 0, switched = 0;
   for (size_t i = 0; i < records_.size(); ++i) {
     if (records_[i].again) continue;
     if (records_[i].went_on || (i > 0 && records_[i - 1].again)) {

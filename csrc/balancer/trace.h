@@ -175,15 +175,35 @@
 // "Issue 39's fourth round").
 //
 // Note [Trace memory]
-// The recorder keeps the last kRecords prompts' records and the current
-// prompt's accesses: 40 bytes an access for its key, 4 to 8 for its position,
-// and about a hundred for each key a record holds; at most kLimit accesses a
-// record, and a prompt past the limit holds none (until issue 39's eighth
-// round it kept its 2^20 accesses' capacity, 40 MiB, for the life of the
-// process). bytes() counts them by the containers' sizes, without the
-// allocator's own overhead; Balancer::stats() reports it as trace_bytes. A
-// prompt that streams 1,000 tensors for 20 steps holds 1.2 MB a record
-// (TraceRecorder.BytesCountTheRecordsAndTheCurrentPrompt).
+// The recorder keeps the last kRecords prompts' records (eight; four until
+// issue 39's eighth round) and the current prompt's accesses: 40 bytes an
+// access for its key, 4 to 8 for its position, and about a hundred for each
+// key a record holds; at most kLimit accesses a record, and a prompt past the
+// limit holds none (until that round it kept its 2^20 accesses' capacity, 40
+// MiB, for the life of the process). bytes() counts them by the containers'
+// sizes, without the allocator's own overhead; Balancer::stats() reports it
+// as trace_bytes. A prompt that streams 1,000 tensors for 20 steps holds 1.2
+// MB a record (TraceRecorder.BytesCountTheRecordsAndTheCurrentPrompt).
+// Eight records, not four: a streak of one workflow longer than the kept
+// records left no record that came first in its streak, so streaks_go_on()
+// had no evidence either way and took the workflows for taking turns, and a
+// new workflow that then repeated lost its loaded layers' pins to the
+// streak's (pins-sim held-out u64-8: 1.59x mru); and the cycle and Note
+// [Trace context] see more of the user's order (u85-6, two workflows
+// interleaved). A streak longer than even eight records counts as going on
+// (count_streaks(): the oldest kept record continued its workflow). On
+// held-out sets never used to choose a rule (pins-sim seeds 48-100, 2,120
+// scenarios), 57 -> 49 read more than min(lru, mru) plus a layer a run, and
+// the worst trace/mru 1.59 -> 1.47; on seeds 1-47, 34 -> 32; suite seeds 1-5
+// 10 -> 10 (docs/SIMULATOR.md, "Issue 39's eighth round").
+// Every access looks its key up in each followed record, and a user who
+// reruns one workflow has all of them followed. A record with the same
+// accesses as a newer one follows any prompt exactly as that one does, so it
+// moves with its twin (Record::twin, found as the newer one is kept) and costs
+// no lookup: pins-bench balancer's hit with every record followed reads
+// 0.34-0.38 us an access, against 0.39-0.54 with four records and 0.76-0.78
+// with eight and no twins (the 2-core CPU VM). Records that differ (a LoRA
+// swapped every prompt) still cost a lookup each.
 //
 // Note [Trace index]
 // A prediction is next_use = rank's class and value read against the active
@@ -230,7 +250,7 @@ struct TraceKeyHash {
 // Not thread-safe: the Balancer holds it under its mutex.
 class TraceRecorder {
  public:
-  static constexpr size_t kRecords = 4;               // prompt records kept
+  static constexpr size_t kRecords = 8;               // prompt records kept (Note [Trace memory])
   static constexpr size_t kLimit = size_t{1} << 20;   // accesses kept per prompt record
   static constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
   static constexpr uint32_t kLoopPasses = 3;          // Note [Cached conditioning]
@@ -344,6 +364,9 @@ class TraceRecorder {
     bool went_on = false;    // a prompt after it marked its samplers and accessed nothing
     bool with_last = false;  // the last prompt ran its workflow (same_workflow)
     size_t bytes = 0;        // what its containers hold (Note [Trace memory])
+    // Note [Trace memory]: how many records newer the record with the same
+    // accesses is, which this one moves with (0: none).
+    size_t twin = 0;
   };
   // Note [Trace context]: b continues a's workflow, or a b's.
   static bool same_workflow(const Record& a, const Record& b) {
@@ -396,6 +419,8 @@ class TraceRecorder {
   // [Trace context] would choose past it (itself when none).
   size_t first_followed() const;
   size_t context_choice(size_t first) const;
+  // The record whose cursor record `i` follows with: its newest twin, or itself.
+  size_t leader(size_t i) const { return i - records_[i].twin; }
   // After records departed: a new generation when the active record changed
   // (`was_active` before), and the prompt departed when none is `following`.
   void settle(size_t was_active, bool following);

@@ -19,6 +19,11 @@
 //               first access of the prompt before: under the trace policy it
 //               ranks every pin against the new record once (Note [Trace
 //               index]); under the others it is a decision like any other.
+//   hit         (the smallest N only) a prompt that hits every weight pin
+//               again, per access: first while the trace follows the records
+//               of the two prompts above, then once the kept records are
+//               kRecords such prompts, all followed (Note [Trace memory]: each
+//               access looks its key up in every followed record).
 //   sweep       Balancer::sweep() alone (no source died): the check of every
 //               pin's source that only the free_pins op runs now; decisions and
 //               boundaries check a bounded number of ring slots instead
@@ -38,6 +43,7 @@
 #include <vector>
 
 #include "csrc/balancer/balancer.h"
+#include "csrc/balancer/trace.h"
 #include "csrc/pool/pool.h"
 #include "csrc/config/config.h"
 #include "csrc/system/sysmem.h"
@@ -139,6 +145,27 @@ class Population {
     });
     for (size_t have = live_pins(); have < static_cast<size_t>(n_); ++have) cast(weight(next_key_++));
     return {boundary, first};
+  }
+
+  // Ends the running prompt and runs one that hits every weight pin; seconds
+  // per access.
+  double hit_prompt() {
+    if (bal_.prompt_running()) end_prompt();
+    bal_.mark_prompt(prompt_);
+    std::vector<Request> accesses;
+    for (const Balancer::PinInfo& p : bal_.pins()) {
+      if (is_patch(p.subset)) continue;
+      Request r;
+      r.model = p.model;
+      r.key = p.key;
+      r.bytes = p.bytes;
+      accesses.push_back(r);
+    }
+    const double t = time_seconds([&] {
+      for (const Request& r : accesses) cast(r);
+    });
+    end_prompt();
+    return t / static_cast<double>(accesses.size());
   }
 
   double sweep() {
@@ -284,6 +311,26 @@ int balancer_main(const std::vector<std::string>& args) {
                     policy.c_str(), n, median(pt.decision_s) * 1e6, policy.c_str(), n, median(pt.end_prompt_s) * 1e6,
                     policy.c_str(), n, median(pt.first_decision_s) * 1e6, policy.c_str(), n,
                     median(pt.sweep_s) * 1e6);
+      result += buf;
+    }
+    {
+      // Note [Trace memory]: a hit's cost with few records followed and with all kept.
+      std::vector<double> few, all;
+      int64_t few_records = 0;
+      for (int rep = 0; rep < reps; ++rep) {
+        Population fresh(kind, lo);
+        few.push_back(fresh.hit_prompt());
+        few_records = fresh.stats().trace_records;
+      }
+      Population pop(kind, lo);
+      for (size_t i = 0; i < TraceRecorder::kRecords; ++i) pop.hit_prompt();
+      for (int rep = 0; rep < reps; ++rep) all.push_back(pop.hit_prompt());
+      const int64_t all_records = pop.stats().trace_records;
+      std::printf("%s, %d pins: a prompt of hits, per access\n", policy.c_str(), lo);
+      print_reps(("hit, " + std::to_string(few_records) + " records kept").c_str(), few, 1e6, "us");
+      print_reps(("hit, " + std::to_string(all_records) + " records kept").c_str(), all, 1e6, "us");
+      std::snprintf(buf, sizeof buf, " hit_us_%s_first=%.3f hit_us_%s_records_%lld=%.3f", policy.c_str(),
+                    median(few) * 1e6, policy.c_str(), static_cast<long long>(all_records), median(all) * 1e6);
       result += buf;
     }
     const double growth = median(points[hi].decision_s) / median(points[lo].decision_s);

@@ -314,6 +314,71 @@ TEST(TraceRecorder, WhereStreaksGoOnAOneOffIsNotPredictedToComeRound) {
   }
 }
 
+// Note [Trace memory]: a streak of a longer than the kept records leaves no
+// record that came first in its streak, and still counts as going on; so does
+// a streak the records hold whole (a a a b). With one a before the bs (a b b
+// b), a switched at once and b's streak is only as long as the records show.
+TEST(TraceRecorder, AStreakLongerThanTheKeptRecordsStillGoesOn) {
+  for (const size_t streak : {TraceRecorder::kRecords + 2, size_t{3}}) {
+    SCOPED_TRACE(streak);
+    TraceRecorder t;
+    for (size_t i = 0; i < streak; ++i) encode_and_sample(t, 2);
+    EXPECT_TRUE(t.streaks_go_on());
+    encode_and_sample(t, 5);  // a new workflow after the streak
+    EXPECT_TRUE(t.streaks_go_on());
+  }
+  TraceRecorder t;
+  encode_and_sample(t, 2);
+  encode_and_sample(t, 5);
+  EXPECT_FALSE(t.streaks_go_on()) << "a b: a switched after one prompt";
+}
+
+// Note [Trace memory]: eight records, so five workflows in turn (samplers 2-6,
+// one encoder) are seen whole: when the first comes round again its record is
+// still kept and followed, and the cycle predicts the second next. With four
+// records the first one's sampler departed every record.
+TEST(TraceRecorder, KeepsEightRecords) {
+  EXPECT_EQ(TraceRecorder::kRecords, 8u);
+  TraceRecorder t;
+  for (ModelId sampler = 2; sampler <= 6; ++sampler) encode_and_sample(t, sampler);
+  EXPECT_EQ(t.records(), 5u);
+  t.record(of(1, 100));
+  t.record(of(2, 20));
+  EXPECT_TRUE(t.following()) << "the first workflow's record is kept";
+  EXPECT_NE(t.next_use(of(3, 30)), TraceRecorder::kNever) << "the second workflow comes next";
+}
+
+// Note [Trace memory]: a record with the same accesses as a newer one moves
+// with it. A recorder whose records of a are twins (a b a) predicts and reports
+// exactly what one predicts where the older a differs only in a patch at its
+// end (followed on its own): at each access, the ranks, the keys reported moved
+// and whether it still follows, up to the access that departs both.
+TEST(TraceRecorder, RecordsWithTheSameAccessesMoveTogether) {
+  const std::vector<TraceKey> a = {w(1), w(2), w(3), w(2), w(3), w(2), w(3)}, b = {w(4), w(5)};
+  std::vector<TraceKey> a_patched = a;
+  a_patched.push_back(patch(9));
+  TraceRecorder twins, apart;
+  const auto run = [](TraceRecorder& t, const std::vector<std::vector<TraceKey>>& prompts) {
+    for (const std::vector<TraceKey>& p : prompts) {
+      for (const TraceKey& k : p) t.record(k);
+      t.end_prompt();
+    }
+  };
+  run(twins, {a, b, a});
+  run(apart, {a_patched, b, a});
+  const std::vector<TraceKey> all = {w(1), w(2), w(3), w(4), w(5)};
+  for (const TraceKey& k : {w(1), w(2), w(3), w(2), w(4)}) {
+    std::vector<TraceKey> moved_twins, moved_apart;
+    twins.record(k, &moved_twins);
+    apart.record(k, &moved_apart);
+    ASSERT_EQ(twins.following(), apart.following());
+    EXPECT_EQ(moved_twins, moved_apart);
+    if (!twins.following()) break;
+    for (const TraceKey& u : all) EXPECT_EQ(twins.next_use(u), apart.next_use(u)) << u.key.storage;
+  }
+  EXPECT_FALSE(twins.following()) << "b's key departs both records of a";
+}
+
 // Note [Trace memory]: bytes() counts each record's accesses and keys and the
 // current prompt's, and what the recorder drops leaves the count.
 TEST(TraceRecorder, BytesCountTheRecordsAndTheCurrentPrompt) {
