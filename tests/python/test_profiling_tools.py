@@ -245,7 +245,7 @@ def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
     expected = {"floor_growth"}  # the index floor under every policy's growth, measured in the same run
     for policy in ("mru", "trace", "lru"):
         expected |= {f"decision_growth_{policy}", f"decision_growth_over_floor_{policy}",
-                     f"end_prompt_growth_{policy}"}
+                     f"end_prompt_growth_{policy}", f"hit_us_{policy}_first", f"hit_us_{policy}_kept"}
         for n in (40, 80):
             expected |= {f"decision_us_{policy}_{n}", f"end_prompt_us_{policy}_{n}",
                          f"first_decision_us_{policy}_{n}", f"sweep_us_{policy}_{n}"}
@@ -259,6 +259,8 @@ def test_bench_balancer_ends_with_decision_costs_per_policy_and_count():
             figures
     # N stays N through the decisions and the boundaries; trace keeps following its record.
     assert "trace, 80 pins (80 at the end; trace departures during decisions: 0)" in stdout, stdout
+    # Note [Trace memory]: the hits once every kept record is such a prompt (eight); mru keeps none.
+    assert "hit, 8 records kept" in stdout and "hit, 0 records kept" in stdout, stdout
 
 
 def test_bench_balancer_policies_option_selects_them():
@@ -266,7 +268,8 @@ def test_bench_balancer_policies_option_selects_them():
     assert set(figures) == {"decision_us_lru_20", "decision_us_lru_30", "end_prompt_us_lru_20",
                             "end_prompt_us_lru_30", "first_decision_us_lru_20", "first_decision_us_lru_30",
                             "sweep_us_lru_20", "sweep_us_lru_30", "decision_growth_lru",
-                            "decision_growth_over_floor_lru", "floor_growth", "end_prompt_growth_lru"}
+                            "decision_growth_over_floor_lru", "floor_growth", "end_prompt_growth_lru",
+                            "hit_us_lru_first", "hit_us_lru_kept"}
 
 
 def test_bench_cast_ends_with_overheads_and_bandwidth_ratio():
