@@ -192,8 +192,9 @@
 // [Trace context] see more of the user's order (u85-6, two workflows
 // interleaved). A streak longer than even eight records counts as going on
 // (count_streaks(): the oldest kept record continued its workflow). On
-// held-out sets never used to choose a rule (pins-sim seeds 48-100, 2,120
-// scenarios), 57 -> 49 read more than min(lru, mru) plus a layer a run, and
+// held-out sets no rule was chosen on (pins-sim seeds 48-100, 2,120
+// scenarios; the number of records was compared on them), 57 -> 49 read
+// more than min(lru, mru) plus a layer a run, and
 // the worst trace/mru 1.59 -> 1.47; on seeds 1-47, 34 -> 32; suite seeds 1-5
 // 10 -> 10 (docs/SIMULATOR.md, "Issue 39's eighth round").
 // Every access looks its key up in each followed record, and a user who
