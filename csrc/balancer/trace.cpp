@@ -173,7 +173,7 @@ void TraceRecorder::end_prompt() {
     // cast no lookup of its own. (Its twin is newer: it is dropped first.)
     const std::vector<TraceKey>& keys = records_.front().keys;
     for (size_t i = 1; i < records_.size(); ++i)
-      if (records_[i].keys.size() == keys.size() && records_[i].keys == keys) records_[i].twin = i;
+      if (records_[i].keys == keys) records_[i].twin = i;
     // Which records followed what the prompt just before the next one (this
     // one) ran.
     for (Record& r : records_) {
