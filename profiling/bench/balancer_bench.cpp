@@ -123,16 +123,8 @@ class Population {
   // decision (timed). Returns the two times.
   std::pair<double, double> prompt_boundary() {
     if (!bal_.prompt_running()) bal_.mark_prompt(prompt_);
-    std::vector<Request> accesses;
-    for (const Balancer::PinInfo& p : bal_.pins()) {
-      Request r;
-      r.model = p.model;
-      r.key = p.key;
-      r.bytes = p.bytes;
-      r.kind = is_patch(p.subset) ? Kind::Patches : Kind::Weights;
-      accesses.push_back(r);
-      cast(r);
-    }
+    const std::vector<Request> accesses = pin_requests(/*weights_only=*/false);
+    for (const Request& r : accesses) cast(r);
     const double boundary = time_seconds([&] { end_prompt(); });
     bal_.mark_prompt(prompt_);
     for (const Request& r : accesses)
@@ -152,15 +144,7 @@ class Population {
   double hit_prompt() {
     if (bal_.prompt_running()) end_prompt();
     bal_.mark_prompt(prompt_);
-    std::vector<Request> accesses;
-    for (const Balancer::PinInfo& p : bal_.pins()) {
-      if (is_patch(p.subset)) continue;
-      Request r;
-      r.model = p.model;
-      r.key = p.key;
-      r.bytes = p.bytes;
-      accesses.push_back(r);
-    }
+    const std::vector<Request> accesses = pin_requests(/*weights_only=*/true);
     const double t = time_seconds([&] {
       for (const Request& r : accesses) cast(r);
     });
@@ -178,6 +162,20 @@ class Population {
   size_t live_pins() const { return static_cast<size_t>(bal_.stats().total.pins); }
 
  private:
+  // A request for each pin held (`weights_only`: its weight pins).
+  std::vector<Request> pin_requests(bool weights_only) const {
+    std::vector<Request> out;
+    for (const Balancer::PinInfo& p : bal_.pins()) {
+      if (weights_only && is_patch(p.subset)) continue;
+      Request r;
+      r.model = p.model;
+      r.key = p.key;
+      r.bytes = p.bytes;
+      r.kind = is_patch(p.subset) ? Kind::Patches : Kind::Weights;
+      out.push_back(r);
+    }
+    return out;
+  }
   static Config config(PolicyKind policy) {
     Config c;
     c.policy = policy;
