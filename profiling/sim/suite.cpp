@@ -20,6 +20,18 @@ namespace pins::sim {
 
 namespace {
 
+// num / den; with den 0: infinity, or 1 when num is 0 too.
+double ratio(double num, double den) { return den > 0 ? num / den : (num > 0 ? INFINITY : 1.0); }
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
+  return v[std::min(i, v.size() - 1)];
+}
+
+}  // namespace
+
 SuiteRow replay_scenario(const Scenario& s, const std::vector<std::string>& policies, const ReplayOptions& o) {
   const Sequence& seq = s.trace.sequences.front();
   const Expansion e = expand(s.trace, seq, seq.runs);
@@ -37,19 +49,6 @@ SuiteRow replay_scenario(const Scenario& s, const std::vector<std::string>& poli
   }
   return row;
 }
-
-// num / den; with den 0: infinity, or 1 when num is 0 too.
-double ratio(double num, double den) { return den > 0 ? num / den : (num > 0 ? INFINITY : 1.0); }
-
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
-  return v[std::min(i, v.size() - 1)];
-}
-
-}  // namespace
-
 
 int SuiteResult::policy_index(const std::string& p) const {
   const auto it = std::find(policies.begin(), policies.end(), p);

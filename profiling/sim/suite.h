@@ -131,6 +131,10 @@ struct SuiteResult {
   int policy_index(const std::string& p) const;  // -1 when absent
 };
 
+// One scenario replayed for `policies` (the oracle too, when named): each one's
+// disk bytes over the runs after the first, and the row's bounds.
+SuiteRow replay_scenario(const Scenario& s, const std::vector<std::string>& policies, const ReplayOptions& o);
+
 // Scenarios [0, count) of `seed`, replayed for `policies` (the balancer's; the
 // oracle is added) on `threads` threads (at least 1).
 SuiteResult run_suite(uint64_t seed, int count, const std::vector<std::string>& policies,

@@ -13,7 +13,6 @@
 #include <sstream>
 
 #include "csrc/config/config.h"
-#include "profiling/sim/expand.h"
 #include "profiling/sim/replay.h"
 
 namespace pins::sim {
@@ -164,14 +163,10 @@ TEST(SimSuite, SayingWhatStaysOnTheDeviceFreesTheSparedPinsOfThoseLayers) {
   const Scenario s = make_scenario(33, 18, params(), SuiteKind::Unseen);
   ASSERT_EQ(s.name, "u33-18-two-alternating-32g-32g-qwen_image+sd35_large")
       << "the generator changed: pick the scenario again";
-  const Sequence& seq = s.trace.sequences.front();
-  const Expansion e = expand(s.trace, seq, seq.runs);
   const auto read = [&](bool said) {
     ReplayOptions o;
     o.device_bytes = said;
-    uint64_t disk = 0;
-    for (const RunResult& r : replay(s.trace, seq, e, "trace", o).runs) disk += r.run > 0 ? r.disk_bytes : 0;
-    return disk;
+    return replay_scenario(s, {"trace"}, o).disk[0];
   };
   const uint64_t said = read(true), unsaid = read(false);
   EXPECT_LT(said + 8 * GiB, unsaid) << said / GiB << " GiB against " << unsaid / GiB;
@@ -187,11 +182,7 @@ TEST(SimSuite, SayingWhatStaysOnTheDeviceFreesTheSparedPinsOfThoseLayers) {
 // order and read 180.6 GiB against mru's 173.0.
 TEST(SimSuite, EightRecordsSeeAStreakAndAnInterleavedOrderWhole) {
   const auto disk = [](const Scenario& s, const char* policy) {
-    const Sequence& seq = s.trace.sequences.front();
-    const Expansion e = expand(s.trace, seq, seq.runs);
-    uint64_t d = 0;
-    for (const RunResult& r : replay(s.trace, seq, e, policy, ReplayOptions{}).runs) d += r.run > 0 ? r.disk_bytes : 0;
-    return d;
+    return replay_scenario(s, {policy}, ReplayOptions{}).disk[0];
   };
   const Scenario streak = make_scenario(64, 8, params(), SuiteKind::Unseen);
   ASSERT_EQ(streak.name, "u64-8-appear-repeat-64g-24g-qwen_image+qwen_image+hidream")
