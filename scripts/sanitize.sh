@@ -9,14 +9,25 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 status=0
 # --build-only configures and builds every tree and runs nothing: CI starts it in
-# the background while pytest runs (scripts/test.sh, PINS_PREBUILD_SANITIZERS),
-# so these builds use the core pytest leaves idle, and make sanitize then only
-# runs the tests.
+# the background while pytest runs (scripts/test.sh, PINS_PREBUILD_SANITIZERS)
+# and lets it run on through make test-platforms, so these builds use the core
+# pytest and the installs leave idle, and make sanitize then only runs the tests.
 build_only=0
 [ "${1:-}" = "--build-only" ] && build_only=1
 # Each step's wall time, as scripts/test.sh prints it.
 step_start=$SECONDS
 took() { echo "time $1: $((SECONDS - step_start)) s"; step_start=$SECONDS; }
+# A prebuild still running holds build/.sanitize-prebuild.lock (scripts/test.sh):
+# wait for it, so that two builds never share a tree.
+if [ $build_only = 0 ] && [ -f build/.sanitize-prebuild.lock ]; then
+  exec 9<build/.sanitize-prebuild.lock
+  flock 9
+  exec 9<&-
+  took "waiting for the sanitizer prebuild"
+  if grep -q "FAILED\|error:" build/test-results/sanitize-prebuild.log 2>/dev/null; then
+    echo "the sanitizer prebuild failed (log: build/test-results/sanitize-prebuild.log); building again"
+  fi
+fi
 # -g1, as scripts/build.sh and scripts/fuzz.sh: the sanitizers' reports keep
 # function, file and line, and a translation unit compiles about a third faster
 # than with Debug's -g (23.7 -> 15.8 s for tests/ops/ops_test.cpp under ASan,

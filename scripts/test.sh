@@ -24,12 +24,17 @@ ctest_rc=$?
 took "ctest"
 # CI (.ci/run) builds the sanitizer trees of make sanitize meanwhile, at a low
 # priority: pytest mostly waits on one Python process, and the timed C++ tests
-# above are done. Their result shows in make sanitize, which builds again what
+# above are done. The build runs on past make test, through make
+# test-platforms' installs, and holds build/.sanitize-prebuild.lock until it
+# ends: make sanitize waits for the lock, runs the tests and builds again what
 # failed here.
-prebuild=""
 if [ -n "${PINS_PREBUILD_SANITIZERS:-}" ]; then
+  # The lock is taken here, before the build starts, and held by the build's
+  # processes (they inherit the descriptor; this shell closes its own).
+  exec 8>build/.sanitize-prebuild.lock
+  flock 8
   nice -n 15 bash scripts/sanitize.sh --build-only > build/test-results/sanitize-prebuild.log 2>&1 &
-  prebuild=$!
+  exec 8>&-
 fi
 # pytest on every core, each test file whole on one worker (-n auto --dist
 # loadfile): a file's tests share their module's fixtures and processes.
@@ -59,10 +64,6 @@ took "pytest share"
 PINS_FUZZ_JUNIT=build/test-results/fuzz.xml bash scripts/fuzz.sh "${PINS_FUZZ_SECONDS:-5}"
 fuzz_rc=$?
 took "fuzz"
-if [ -n "$prebuild" ]; then
-  wait "$prebuild" || echo "sanitizer prebuild failed (log: build/test-results/sanitize-prebuild.log)"
-  took "waiting for the sanitizer prebuild"
-fi
 .venv/bin/python scripts/summarize_tests.py build/test-results/ctest.xml build/test-results/pytest.xml \
   build/test-results/pytest-share.xml build/test-results/fuzz.xml
 sum_rc=$?
