@@ -4,7 +4,8 @@ oracle equals an independent Belady replay of its own access dump on every
 bundled trace, its JSON report draws a PNG (profiling/sim/plot.py), and both
 executables answer --help on stdout with status 0 and refuse unknown options, and
 each pins-bench benchmark (fill, balancer, cast, lowvram) runs at tiny sizes and
-ends with one RESULT line of the expected figures.
+ends with one RESULT line of the expected figures, and profiling/sim/heldout.py
+counts a held-out set's scenarios as computed here by hand.
 
 The executables: $PINS_SIM and $PINS_BENCH, default build/bin/ of this checkout."""
 import functools
@@ -419,3 +420,59 @@ def test_hog_check_answers_help_without_running():
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "--machine" in out.stdout and "--no-monitor" in out.stdout
+
+
+HELDOUT = os.path.join(ROOT, "profiling", "sim", "heldout.py")
+HELDOUT_HEADER = "seed,scenario,name,pattern,policy,disk_bytes,oracle_bytes,ram_bound_bytes,allowance_bytes,runs\n"
+
+
+def heldout(*args):
+    return subprocess.run([sys.executable, HELDOUT, *args], capture_output=True, text=True)
+
+
+def test_heldout_counts_each_policy_against_the_better_of_the_others(tmp_path):
+    """Three scenarios with figures chosen by hand (GiB; a layer is 1): trace
+    over min(lru, mru) + 1 on two, one of them 1.5x mru; mru over lru + 1 on
+    one; clairvoyant over on none. The set's CSV exists, so nothing runs."""
+    rows = {  # name: (pattern, oracle, {policy: disk})
+        "u7-0-two-interleaved": ("two-interleaved", 8, {"lru": 10, "mru": 12, "trace": 15, "clairvoyant": 9}),
+        "u7-1-one-off": ("one-off", 6, {"lru": 20, "mru": 8, "trace": 12, "clairvoyant": 8}),
+        "u7-2-one-off": ("one-off", 4, {"lru": 5, "mru": 5, "trace": 5, "clairvoyant": 5}),
+    }
+    gib = 2**30
+    with open(tmp_path / "u7.csv", "w") as f:
+        f.write(HELDOUT_HEADER)
+        for i, (name, (pattern, oracle, disk)) in enumerate(rows.items()):
+            for policy, d in disk.items():
+                f.write(f"7,{i},{name},{pattern},{policy},{d * gib},{oracle * gib},0,{gib},6\n")
+    out = heldout("--seeds", "7", "--csv-dir", str(tmp_path), "--sim", str(tmp_path / "no-sim"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "RESULT over=2 sets_over_1=1 over_1_25_mru=1 scenarios=3 sets=1" in out.stdout, out.stdout
+    # The set's row: trace / oracle = 32 / 18; u7-0 is 15 / 12 = 1.25x mru (not over 1.25), u7-1 1.5x.
+    set_row = next(line.split() for line in out.stdout.splitlines() if line.split()[:1] == ["7"])
+    assert set_row == ["7", "1.778", "2", "1.50", "0", "1"], out.stdout
+    shape = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()
+             if line.split()[:1] in (["one-off"], ["two-interleaved"])}
+    # scenarios, then lru, mru, trace, clairvoyant each over the best of the other real policies + 1;
+    # u7-1: lru 20 and trace 12 against mru 8 + 1.
+    # u7-0: mru 12 against lru 10 + 1, trace 15 against 10 + 1; clairvoyant 9 against 10 + 1.
+    assert shape["two-interleaved"] == ["1", "0", "1", "1", "0"], out.stdout
+    assert shape["one-off"] == ["2", "1", "0", "1", "0"], out.stdout
+
+
+def test_heldout_refuses_a_set_without_a_real_policy(tmp_path):
+    with open(tmp_path / "u3.csv", "w") as f:
+        f.write(HELDOUT_HEADER + "3,0,u3-0-x,one-off,lru,1,1,0,1,6\n3,0,u3-0-x,one-off,trace,1,1,0,1,6\n")
+    out = heldout("--seeds", "3", "--csv-dir", str(tmp_path), "--sim", str(tmp_path / "no-sim"))
+    assert out.returncode != 0 and "has no ['mru'] row for u3-0-x" in out.stderr, out.stdout + out.stderr
+    out = heldout("--seeds", "3", "--csv-dir", str(tmp_path), "--policies", "lru,trace")
+    assert out.returncode != 0 and "--policies must name mru; got 'lru,trace'" in out.stderr, out.stderr
+
+
+def test_heldout_runs_the_simulator_for_a_missing_set(tmp_path):
+    out = heldout("--sim", SIM, "--seeds", "1-2", "--scenarios", "3", "--csv-dir", str(tmp_path), "--jobs", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted(os.listdir(tmp_path)) == ["u1.csv", "u2.csv"], os.listdir(tmp_path)
+    assert "scenarios=6 sets=2" in out.stdout, out.stdout
+    with open(tmp_path / "u1.csv") as f:
+        assert {r.split(",")[4] for r in f.read().splitlines()[1:]} >= {"lru", "mru", "trace", "clairvoyant"}
