@@ -29,13 +29,10 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from choose_default import seeds  # this folder: the script's own, first on sys.path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REAL = ["lru", "mru", "trace"]
-
-
-def seeds(text):
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
 
 
 def scenarios(path):
