@@ -152,17 +152,43 @@ def torch_pythons(torch_python: str) -> List[str]:
     return sh([torch_python, "-c", code], env=clean_env()).stdout.split()
 
 
-def build_and_stage(build: Build, python: str, stage: str, pythons: List[str]) -> Dict:
+def prebuilt_tree(build: Build, tree: str) -> str:
+    """`tree` checked to be a finished Release build of `build` with the
+    package's components (the install check's native build of the source
+    package: make test-platforms hands it over instead of building again)."""
+    tree = os.path.abspath(tree)
+    cache = os.path.join(tree, "CMakeCache.txt")
+    if not os.path.isfile(cache):
+        raise SystemExit(f"release: --prebuilt {build.name}={tree}: no CMakeCache.txt there (not a build tree)")
+    kind = re.search(r"^CMAKE_BUILD_TYPE:\w+=(.*)$", open(cache).read(), re.M)
+    if not kind or kind.group(1) != "Release":
+        raise SystemExit(f"release: --prebuilt {build.name}={tree}: CMAKE_BUILD_TYPE is "
+                         f"{kind.group(1) if kind else 'unset'!r}, a release carries Release builds only")
+    stamps = glob.glob(os.path.join(tree, "**", "libpins.so.torch"), recursive=True)
+    stamp = open(stamps[0]).read().strip() if stamps else ""
+    release_of = ".".join(stamp.split("+", 1)[0].split(".")[:2]) + "-" + stamp.rsplit("+", 1)[-1]
+    if release_of != build.name:
+        raise SystemExit(f"release: --prebuilt {build.name}={tree} is built for torch {stamp or '(no stamp)'!r}, "
+                         f"not the {build.name} build")
+    return tree
+
+
+def build_and_stage(build: Build, python: str, stage: str, pythons: List[str], prebuilt: str = "") -> Dict:
     """Builds `build` with scripts/build_release.sh, torch_pins._C for each of
     `pythons` that its torch supports and this machine has, and installs its
-    files into stage/torch_pins/_lib/torch-X.Y-VARIANT. Returns what was built."""
+    files into stage/torch_pins/_lib/torch-X.Y-VARIANT. With `prebuilt`, a
+    build tree of it made elsewhere, installs that tree's files, building
+    nothing (only its own Python's torch_pins._C). Returns what was built."""
     own = sh([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout.strip()
     supported = torch_pythons(python)
-    versions = [v for v in pythons if v != own and v in supported and python_for(v)]
+    versions = [] if prebuilt else [v for v in pythons if v != own and v in supported and python_for(v)]
     others = [python_for(v) for v in versions]
-    out = sh(["bash", "scripts/build_release.sh", python] + others, cwd=ROOT, env=clean_env())
-    tree = os.path.join(ROOT, out.stdout.strip().splitlines()[-1])
-    if not tree.endswith("-" + build.name):
+    if prebuilt:
+        tree, seconds = prebuilt_tree(build, prebuilt), 0.0
+    else:
+        out = sh(["bash", "scripts/build_release.sh", python] + others, cwd=ROOT, env=clean_env())
+        tree, seconds = os.path.join(ROOT, out.stdout.strip().splitlines()[-1]), out.seconds
+    if not tree.endswith("-" + build.name) and not prebuilt:
         raise SystemExit(f"release: {python} built {tree}, not the {build.name} build; is its torch that release?")
     install = ["cmake", "--install"]
     sh(install + [tree, "--component", "python", "--prefix", stage, "--strip"])
@@ -171,8 +197,12 @@ def build_and_stage(build: Build, python: str, stage: str, pythons: List[str]) -
     lib = os.path.join(stage, "torch_pins", "_lib", "torch-" + build.name)
     stamp = open(os.path.join(lib, "libpins.so.torch")).read().strip()
     modules = sorted(f for f in os.listdir(lib) if f.startswith("_C."))
-    return {"build": build.name, "torch": stamp, "build_seconds": round(out.seconds, 1), "extension_modules": modules,
-            "torch_pythons": supported}
+    if prebuilt and (stamp.split("+", 1)[0] != (venv_torch(python) or "").split("+", 1)[0]
+                     or not any(m.startswith(f"_C.cpython-{own.replace('.', '')}-") for m in modules)):
+        raise SystemExit(f"release: --prebuilt {build.name}={tree} holds a build for torch {stamp} with {modules}, "
+                         f"but {python} is Python {own} with torch {venv_torch(python)}")
+    return {"build": build.name, "torch": stamp, "build_seconds": round(seconds, 1), "extension_modules": modules,
+            "torch_pythons": supported, **({"prebuilt": tree} if prebuilt else {})}
 
 
 def project_copy(dest: str) -> List[str]:
@@ -528,7 +558,8 @@ def report(dist: str, data: Dict) -> str:
     for b in data["builds"]:
         pythons = ", ".join(re.sub(r"_C\.cpython-3(\d+)-.*", r"3.\1", m) for m in b["extension_modules"])
         lines.append(f"| {b['build']} | torch {b['torch']} (for Python {', '.join(b['torch_pythons'])}) | "
-                     f"{b['build_seconds']} | Python {pythons} |")
+                     f"{'none: ' + b['prebuilt'] + ' installed' if b.get('prebuilt') else b['build_seconds']} | "
+                     f"Python {pythons} |")
     lines += ["", "Installed into a fresh venv that sees the build's torch, with no compiler, CMake or CUDA toolkit "
               "on PATH (`pip install --no-index` of the wheel; then two casts of one tensor through torch_pins._C, "
               "one a hit; `python -m torch_pins stats`):", "",
@@ -572,6 +603,10 @@ def main() -> int:
     parser.add_argument("--torch-python", action="append", default=[], metavar="BUILD=PYTHON",
                         help="a python whose torch to build BUILD against instead of a venv under --venvs, "
                              "e.g. 2.13-cpu=.venv/bin/python (repeatable)")
+    parser.add_argument("--prebuilt", action="append", default=[], metavar="BUILD=TREE",
+                        help="a finished Release build tree of BUILD to install instead of building it again, "
+                             "e.g. 2.13-cpu=build/install-check/wheel-build (repeatable; only its own Python's "
+                             "torch_pins._C is carried)")
     parser.add_argument("--junit", default="", help="also write the checks as a JUnit report here")
     parser.add_argument("--work", default=os.path.join(ROOT, "build-release"),
                         help="the staged builds, the wheel's raw form and the check venvs (default build-release)")
@@ -599,6 +634,10 @@ def release(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     builds = [b for b in BUILDS if not args.only or b.name in args.only.split(",")]
     if not builds:
         parser.error(f"--only names none of {[b.name for b in BUILDS]}: {args.only!r}")
+    prebuilt = dict(x.split("=", 1) if "=" in x else (x, "") for x in args.prebuilt)
+    for name, tree in prebuilt.items():
+        if name not in [b.name for b in builds] or not tree:
+            parser.error(f"--prebuilt takes BUILD=TREE with BUILD among {[b.name for b in builds]}: {name}={tree!r}")
     dist, work = os.path.abspath(args.dist), os.path.abspath(args.work)
     os.makedirs(dist, exist_ok=True)
     for old in glob.glob(os.path.join(dist, "torch_pins-*")):
@@ -611,9 +650,11 @@ def release(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for b in builds:
         pythons[b.name] = os.path.abspath(given[b.name]) if b.name in given else release_venv(b, args.venvs,
                                                                                               args.python)
-        log(f"{b.name}: building against {venv_torch(pythons[b.name])}")
+        log(f"{b.name}: " + (f"the build in {prebuilt[b.name]}" if b.name in prebuilt else "building") +
+            f" against {venv_torch(pythons[b.name])}")
         built.append(passed(f"build {b.name}", build_and_stage(b, pythons[b.name], stage,
-                                                               list(filter(None, args.pythons.split(","))))))
+                                                               list(filter(None, args.pythons.split(","))),
+                                                               prebuilt.get(b.name, ""))))
     src = os.path.join(work, "src")
     project_copy(src)
     sdist = make_sdist(src, dist, tools)

@@ -31,9 +31,16 @@ took "install"
 # venv above) in one wheel, auditwheel, each installed into a fresh venv with no
 # compiler on PATH and cast through torch_pins._C, and the op path where the
 # wheel carries no torch_pins._C for the running Python. The full set is make release.
+# The 2.13 build is the install check's (its native build of the source package
+# against the same torch, Release, the package's components): release.py checks
+# that tree's build type, torch and Python and installs it, so CI compiles the
+# torch layer for 2.13 in Release once. Where that check failed, it builds its own.
 if [ -x .venv-torch-2.14.1/bin/python ]; then
+  prebuilt=()
+  wheel_build=${PINS_INSTALL_CHECK_DIR:-build/install-check}/wheel-build
+  [ $install_rc -eq 0 ] && [ -f "$wheel_build/CMakeCache.txt" ] && prebuilt=(--prebuilt "2.13-cpu=$wheel_build")
   .venv/bin/python scripts/release.py --only 2.13-cpu,2.14-cu13 --torch-python 2.13-cpu=.venv/bin/python \
-    --torch-python 2.14-cu13=.venv-torch-2.14.1/bin/python --pythons "" --other-pythons "" --sdist-torch "" \
+    --torch-python 2.14-cu13=.venv-torch-2.14.1/bin/python "${prebuilt[@]}" --pythons "" --other-pythons "" --sdist-torch "" \
     --venvs build/release-check/venvs --work build/release-check/work --dist build/release-check/dist \
     --junit build/test-results/release-wheels.xml
   wheels_rc=$?

@@ -48,3 +48,56 @@ def test_the_wheel_of_this_build_installs_into_a_fresh_venv_without_a_compiler(t
     checked = release.install_check(audited["wheel"], f"{RELEASE}-{VARIANT}", sys.executable, sys.executable,
                                     str(tmp_path))
     assert checked["paths"] == {"fast": 2, "forwarded": 0} and checked["hits"] == 1, checked
+
+
+def fake_tree(path, build_type, stamp):
+    path.mkdir(parents=True)
+    (path / "CMakeCache.txt").write_text(f"CMAKE_BUILD_TYPE:STRING={build_type}\nOTHER:BOOL=ON\n")
+    if stamp:
+        (path / "lib").mkdir()
+        (path / "lib" / "libpins.so.torch").write_text(stamp + "\n")
+    return str(path)
+
+
+def test_a_prebuilt_tree_is_taken_only_as_a_release_build_for_the_named_torch(tmp_path):
+    # make test-platforms hands release.py the install check's build (--prebuilt):
+    # a tree that is not a Release build of that torch release and variant must
+    # be refused by name, never packed into the wheel.
+    build = next(b for b in release.BUILDS if b.name == "2.13-cpu")
+    with pytest.raises(SystemExit, match="no CMakeCache.txt"):
+        release.prebuilt_tree(build, str(tmp_path))
+    with pytest.raises(SystemExit, match="CMAKE_BUILD_TYPE is 'RelWithDebInfo'"):
+        release.prebuilt_tree(build, fake_tree(tmp_path / "dev", "RelWithDebInfo", "2.13.0+cpu"))
+    with pytest.raises(SystemExit, match=r"built for torch '2\.14\.1\+cu13', not the 2\.13-cpu build"):
+        release.prebuilt_tree(build, fake_tree(tmp_path / "other", "Release", "2.14.1+cu13"))
+    with pytest.raises(SystemExit, match=r"built for torch '\(no stamp\)'"):
+        release.prebuilt_tree(build, fake_tree(tmp_path / "unstamped", "Release", ""))
+    good = fake_tree(tmp_path / "good", "Release", "2.13.0+cpu")
+    assert release.prebuilt_tree(build, good) == good
+
+
+def test_a_prebuilt_tree_is_installed_without_building(tmp_path, monkeypatch):
+    # build/ stands in for the install check's tree (its build type aside): the
+    # stage gets its files, scripts/build_release.sh never runs, and the report
+    # names the tree.
+    if not os.path.isfile(os.path.join(BUILD, "cmake_install.cmake")):
+        pytest.skip("no build/ tree here: make build makes it")
+    build = next(b for b in release.BUILDS if b.name == f"{RELEASE}-{VARIANT}")
+    monkeypatch.setattr(release, "prebuilt_tree", lambda b, tree: tree)
+    ran = []
+    real_sh = release.sh
+    monkeypatch.setattr(release, "sh", lambda cmd, **kw: ran.append(cmd) or real_sh(cmd, **kw))
+    stage = str(tmp_path / "stage")
+    built = release.build_and_stage(build, sys.executable, stage, ["3.10", "3.12"], prebuilt=BUILD)
+    assert not [c for c in ran if "scripts/build_release.sh" in c], ran
+    assert built["prebuilt"] == BUILD and built["build_seconds"] == 0.0, built
+    assert built["torch"].split("+")[0] == torch.__version__.split("+")[0], built
+    assert os.path.isfile(os.path.join(stage, "torch_pins", "_lib", f"torch-{build.name}", "libpins.so")), built
+    # A tree whose torch_pins._C is for another Python than the venv's is refused by name.
+    monkeypatch.setattr(release, "torch_pythons", lambda python: ["3.11"])
+    other = tmp_path / "py"
+    other.write_text("#!/bin/sh\nif [ \"$1\" = -c ] && echo \"$2\" | grep -q version_info; then echo 3.9; "
+                     f"else exec {sys.executable} \"$@\"; fi\n")
+    other.chmod(0o755)
+    with pytest.raises(SystemExit, match=r"but .*py is Python 3\.9 with torch"):
+        release.build_and_stage(build, str(other), str(tmp_path / "stage2"), [], prebuilt=BUILD)
