@@ -21,9 +21,10 @@ if ! command -v clang++ >/dev/null 2>&1; then
   exit 1
 fi
 # -g1 as in scripts/build.sh: the sanitizers' reports keep file and line (78 -> 62 s here).
+# PINS_UNITY_BUILD: the core and the simulator compiled as unity builds (CMakeLists.txt).
 [ -f "$dir/build.ninja" ] || CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DPINS_WITH_TORCH=OFF -DPINS_BUILD_TESTS=OFF -DPINS_BUILD_PROFILING=ON -DPINS_BUILD_FUZZ=ON \
-  -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF >/dev/null
+  -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF -DPINS_UNITY_BUILD=ON >/dev/null
 cmake --build "$dir" --target "${targets[@]/#/pins_fuzz_}"
 status=0
 cases=()

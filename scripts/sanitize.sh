@@ -32,26 +32,23 @@ fi
 # function, file and line, and a translation unit compiles about a third faster
 # than with Debug's -g (23.7 -> 15.8 s for tests/ops/ops_test.cpp under ASan,
 # 11.7 -> 7.6 s for the balancer's tests under TSan, on the 2-core CPU VM).
+# PINS_UNITY_BUILD (CMakeLists.txt: the core and the simulator as unity builds,
+# the suites with one precompiled header) for the TSan tree: 223 -> 137 s. Not
+# for the ASan+UBSan trees, which build file by file as before: with it, at
+# -O1, the core's first unity batch alone compiled for 166 s and the tree took
+# 421 s (1,212 CPU-s) on the 2-core VM, and no per-file build of it was timed
+# on the same idle machine to show a gain.
 debug_info="-DCMAKE_CXX_FLAGS_DEBUG=-g1"
+core_tests=(pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests)
 for kind in asan tsan; do
   case $kind in
-    asan) flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" ;;
-    tsan) flags="-fsanitize=thread" ;;
+    asan) flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"; unity=OFF ;;
+    tsan) flags="-fsanitize=thread"; unity=ON ;;
   esac
   dir=build-$kind
   [ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja -DPINS_WITH_TORCH=OFF -DCMAKE_BUILD_TYPE=Debug \
-    "$debug_info" -DCMAKE_CXX_FLAGS="$flags -O1" >/dev/null
-  cmake --build "$dir" --target pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests
-  [ $build_only = 1 ] && continue
-  for t in pins_core_tests pins_backend_tests pins_sysmem_tests pins_sim_tests pins_share_tests; do
-    # The chaos test's workers run instrumented too: a quarter of its kills.
-    if PINS_CHAOS_KILLS=50 "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
-      echo "sanitize $kind $t: ok"
-    else
-      echo "sanitize $kind $t: FAILED (log: $dir/$t.log)"; tail -30 "$dir/$t.log"; status=1
-    fi
-  done
-  took "sanitize $kind"
+    "$debug_info" -DCMAKE_CXX_FLAGS="$flags -O1" -DPINS_UNITY_BUILD=$unity >/dev/null
+  cmake --build "$dir" --target "${core_tests[@]}"
 done
 
 # The torch ops (libpins.so) and their C++ tests (pins_torch_tests, pins_ops_tests,
@@ -60,6 +57,7 @@ done
 # not instrumented; leak checking stays on, and torch 2.13 (CPU) needs no
 # suppression. The model-based test runs a tenth of its sequence here
 # (PINS_MODEL_OPS=10000, about 50 s): ASan and -O1 slow it about tenfold.
+ops_tests=(pins_torch_tests pins_ops_tests pins_model_tests)
 if [ -x .venv/bin/python ]; then
   dir=build-asan-ops
   flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
@@ -69,20 +67,10 @@ if [ -x .venv/bin/python ]; then
       -DPINS_WITH_CUDA=OFF -DPINS_NVTX=OFF -DPINS_COPY_TO_PACKAGE=OFF \
       -DCMAKE_CXX_FLAGS="$flags -O1" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
   fi
-  cmake --build "$dir" --target pins_torch_tests pins_ops_tests pins_model_tests
-  [ $build_only = 1 ] && exit 0  # the thread-safety analysis is itself a build: make sanitize runs it
-  for t in pins_torch_tests pins_ops_tests pins_model_tests; do
-    if ASAN_OPTIONS="detect_leaks=1" UBSAN_OPTIONS="print_stacktrace=1" PINS_MODEL_OPS=${PINS_MODEL_OPS:-10000} \
-       "$dir/bin/$t" --gtest_brief=1 > "$dir/$t.log" 2>&1; then
-      echo "sanitize asan $t: ok"
-    else
-      echo "sanitize asan $t: FAILED (log: $dir/$t.log)"; tail -40 "$dir/$t.log"; status=1
-    fi
-  done
-  took "sanitize asan torch ops"
-else
-  echo "sanitize asan torch ops: FAILED (no .venv with torch: run scripts/setup.sh)"; status=1
+  cmake --build "$dir" --target "${ops_tests[@]}"
 fi
+[ $build_only = 1 ] && exit 0  # the thread-safety analysis is itself a build: make sanitize runs it
+took "sanitizer builds"
 
 # Thread-safety analysis: the core compiled by clang++ with -Wthread-safety as
 # an error. Only Clang has the analysis (GCC sees no annotations), so clang is
@@ -104,12 +92,70 @@ dir=build-tsa
   -DCMAKE_CXX_FLAGS="-Wthread-safety -Werror=thread-safety" \
   "-DCMAKE_CXX_COMPILE_OBJECT=<CMAKE_CXX_COMPILER> <DEFINES> <INCLUDES> <FLAGS> -fsyntax-only -c <SOURCE> && touch <OBJECT>" \
   >/dev/null
-# A file that fails stays unbuilt, so a rerun analyses it again.
-if cmake --build "$dir" --target pins_core > "$dir/analysis.log" 2>&1; then
-  echo "sanitize thread-safety pins_core: ok"
-else
-  echo "sanitize thread-safety pins_core: FAILED (log: $dir/analysis.log)"
-  grep -E "error|warning" "$dir/analysis.log" | head -30; status=1
-fi
-took "thread-safety"
+# The tests, each binary (the two largest core suites in two gtest shards) a
+# job, run side by side on as many lanes as cores (PINS_SANITIZE_JOBS), longest
+# first. On the 2-core VM they took 497 s one after another (the thread-safety
+# analysis 45 of it) and 326 s on two lanes, where each ran slower beside
+# another (the model-based test 69 -> 146 s). Each job's log is in its tree,
+# its result printed in a fixed order once all are done.
+lanes=${PINS_SANITIZE_JOBS:-$(nproc)}
+shards=1; [ "$lanes" -gt 1 ] && shards=2
+core_shards() { for i in $(seq 0 $((shards - 1))); do echo "$1 build-$1 pins_core_tests $i/$shards"; done; }
+ops=(); [ -x .venv/bin/python ] && ops=(asan build-asan-ops)
+mapfile -t jobs_list < <(
+  echo "tsan build-tsan pins_share_tests -"; core_shards tsan
+  [ ${#ops[@]} -gt 0 ] && echo "${ops[*]} pins_model_tests -"
+  echo "tsan build-tsan pins_sim_tests -"; echo "tsa build-tsa pins_core -"; core_shards asan
+  for t in pins_sim_tests pins_share_tests pins_sysmem_tests pins_backend_tests; do echo "asan build-asan $t -"; done
+  echo "tsan build-tsan pins_sysmem_tests -"; echo "tsan build-tsan pins_backend_tests -"
+  [ ${#ops[@]} -gt 0 ] && echo "${ops[*]} pins_ops_tests -" && echo "${ops[*]} pins_torch_tests -"
+  true)
+run_job() {  # KIND DIR TEST SHARD: writes DIR/TEST[.sI].log and .result ("ok|FAILED SECONDS")
+  local kind=$1 dir=$2 t=$3 shard=$4 start=$SECONDS name=$3 env=()
+  if [ "$shard" != - ]; then
+    name=$t.s${shard%/*}
+    env+=(GTEST_SHARD_INDEX=${shard%/*} GTEST_TOTAL_SHARDS=${shard#*/})
+  fi
+  if [ "$dir" = build-asan-ops ]; then
+    env+=(ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 PINS_MODEL_OPS=${PINS_MODEL_OPS:-10000})
+  else
+    env+=(PINS_CHAOS_KILLS=50)  # the chaos test's workers run instrumented too: a quarter of its kills
+  fi
+  local verdict=FAILED
+  if [ "$kind" = tsa ]; then
+    # A file that fails stays unbuilt, so a rerun analyses it again. One lane: one compile at a time.
+    cmake --build "$dir" --target "$t" --parallel 1 > "$dir/$name.log" 2>&1 && verdict=ok
+  else
+    env "${env[@]}" "$dir/bin/$t" --gtest_brief=1 > "$dir/$name.log" 2>&1 && verdict=ok
+  fi
+  echo "$verdict $((SECONDS - start))" > "$dir/$name.result"
+}
+running=0
+for job in "${jobs_list[@]}"; do
+  read -r kind dir t shard <<<"$job"
+  rm -f "$dir/$t".{log,result} "$dir/$t".s*.{log,result}
+done
+for job in "${jobs_list[@]}"; do
+  if [ $running -ge "$lanes" ]; then wait -n; running=$((running - 1)); fi
+  read -r kind dir t shard <<<"$job"
+  run_job "$kind" "$dir" "$t" "$shard" &
+  running=$((running + 1))
+done
+wait
+for job in "${jobs_list[@]}"; do
+  read -r kind dir t shard <<<"$job"
+  name=$t; [ "$shard" != - ] && name=$t.s${shard%/*}
+  label="$t"; [ "$shard" != - ] && label="$t (shard $shard)"
+  read -r verdict secs < "$dir/$name.result" 2>/dev/null || { verdict=FAILED; secs=?; }
+  [ "$kind" = tsa ] && kind=thread-safety
+  if [ "$verdict" = ok ]; then
+    echo "sanitize $kind $label: ok ($secs s)"
+  elif [ "$kind" = thread-safety ]; then
+    echo "sanitize $kind $label: FAILED (log: $dir/$name.log)"; grep -E "error|warning" "$dir/$name.log" | head -30; status=1
+  else
+    echo "sanitize $kind $label: FAILED (log: $dir/$name.log)"; tail -40 "$dir/$name.log"; status=1
+  fi
+done
+[ -x .venv/bin/python ] || { echo "sanitize asan torch ops: FAILED (no .venv with torch: run scripts/setup.sh)"; status=1; }
+took "sanitizer tests"
 exit $status
