@@ -20,7 +20,7 @@ namespace {
 const char* kUsage =
     "usage: pins-sim --trace FILE [options]\n"
     "       pins-sim --suite [--suite-kind K] [--seed N] [--scenarios N] [--threads N] [--policy LIST] [--csv FILE]\n"
-    "                [--conf TEXT]\n"
+    "                [--runs-csv FILE] [--conf TEXT]\n"
     "Replays a workflow trace through the pin policies over a modelled machine (docs/SIMULATOR.md).\n"
     "  --trace FILE            the trace (JSON; profiling/traces/ holds the bundled ones)\n"
     "  --sequence NAME|all     which of the trace's sequences (default: its first)\n"
@@ -47,13 +47,14 @@ const char* kUsage =
     "  --seed N                the suite's seed (default 1)\n"
     "  --scenarios N           the suite's size (default 200)\n"
     "  --threads N             replay the suite on N threads (default: the hardware's)\n"
+    "  --runs-csv FILE         with --suite: also write one CSV row per scenario, policy and run (the first too)\n"
     "  --write-trace I:FILE    write scenario I of the suite as a trace file (replay it with --trace)\n"
     "  -h, --help              print this text\n"
     "The plot: python profiling/sim/plot.py REPORT.json OUT.png, REPORT.json from --json.\n"
     "Exit status: 0 ok, 2 bad usage or an invalid trace (the message names the argument or the field).\n";
 
 struct Options {
-  std::string trace, sequence, params, csv, dump, conf;
+  std::string trace, sequence, params, csv, runs_csv, dump, conf;
   std::vector<std::string> policies, machine;
   int runs = 0;
   bool suite = false;
@@ -137,6 +138,7 @@ Options parse_args(const std::vector<std::string>& args) {
     else if (a == "--markdown") o.markdown = true;
     else if (a == "--markdown-header") o.markdown = o.markdown_header = true;
     else if (a == "--csv") o.csv = value();
+    else if (a == "--runs-csv") o.runs_csv = value();
     else if (a == "--dump-accesses") o.dump = value();
     else if (a == "--params") o.params = value();
     else if (a == "--machine") o.machine.push_back(value());
@@ -167,6 +169,8 @@ Options parse_args(const std::vector<std::string>& args) {
     if (o.policies.empty()) o.policies = {"lru", "mru", "trace", "reuse"};
     return o;
   }
+  if (!o.runs_csv.empty())
+    throw std::invalid_argument("--runs-csv applies to --suite; a trace's --csv already has a row per run");
   if (o.trace.empty()) throw std::invalid_argument("--trace FILE is required");
   if (o.policies.empty()) o.policies = all_policies();
   if (o.json && o.markdown) throw std::invalid_argument("--json and --markdown are exclusive");
@@ -197,6 +201,10 @@ int run_suite_cli(const Options& o, std::ostream& out) {
   if (!o.csv.empty()) {
     std::ofstream f = open_out(o.csv, "--csv");
     write_suite_csv(f, r);
+  }
+  if (!o.runs_csv.empty()) {
+    std::ofstream f = open_out(o.runs_csv, "--runs-csv");
+    write_suite_runs_csv(f, r);
   }
   print_suite(out, r, to_string(parse_config(o.replay.conf).policy));
   return 0;

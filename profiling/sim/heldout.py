@@ -46,14 +46,19 @@ def scenarios(path):
     return out
 
 
-def ensure_csv(sim, seed, n, policies, path):
-    if os.path.exists(path):
+def ensure_csv(sim, seed, n, policies, path, runs_path=None):
+    """Writes the set's CSV at `path` (and its per-run CSV at `runs_path`,
+    when given) unless each one asked for exists."""
+    if os.path.exists(path) and (runs_path is None or os.path.exists(runs_path)):
         return
-    tmp = path + ".part"
-    subprocess.run([sim, "--suite", "--suite-kind", "unseen", "--scenarios", str(n), "--seed", str(seed),
-                    "--policy", ",".join(policies), "--threads", "1", "--csv", tmp],
-                   check=True, stdout=subprocess.DEVNULL)
-    os.replace(tmp, path)
+    args = [sim, "--suite", "--suite-kind", "unseen", "--scenarios", str(n), "--seed", str(seed),
+            "--policy", ",".join(policies), "--threads", "1", "--csv", path + ".part"]
+    if runs_path:
+        args += ["--runs-csv", runs_path + ".part"]
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    os.replace(path + ".part", path)
+    if runs_path:
+        os.replace(runs_path + ".part", runs_path)
 
 
 def over_line(p, allowance):

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -41,9 +42,12 @@ SuiteRow replay_scenario(const Scenario& s, const std::vector<std::string>& poli
   row.ram_bound = window_bound(e, 1, row.runs, /*ram=*/true);
   for (const std::string& p : policies) {
     const PolicyResult r = replay(s.trace, seq, e, p, o);
-    uint64_t disk = 0;
-    for (size_t i = 1; i < r.runs.size(); ++i) disk += r.runs[i].disk_bytes;
+    std::vector<uint64_t> runs;
+    runs.reserve(r.runs.size());
+    for (const RunResult& run : r.runs) runs.push_back(run.disk_bytes);
+    const uint64_t disk = runs.empty() ? 0 : std::accumulate(runs.begin() + 1, runs.end(), uint64_t{0});
     row.disk.push_back(disk);
+    row.run_disk.push_back(std::move(runs));
     if (p == "oracle")
       row.thrashing = row.runs > 0 && disk / static_cast<uint64_t>(row.runs) > s.trace.machine.ram;
   }
@@ -246,6 +250,18 @@ void write_suite_csv(std::ostream& os, const SuiteResult& r) {
       os << r.seed << ',' << i << ',' << r.scenarios[i].name << ',' << to_string(r.scenarios[i].pattern) << ','
          << r.policies[p] << ',' << r.rows[i].disk[p] << ',' << r.rows[i].disk[oracle] << ',' << r.rows[i].ram_bound
          << ',' << r.rows[i].allowance << ',' << r.rows[i].runs << '\n';
+}
+
+void write_suite_runs_csv(std::ostream& os, const SuiteResult& r) {
+  os << "seed,scenario,name,pattern,policy,run,disk_bytes,layer_bytes\n";
+  for (size_t i = 0; i < r.rows.size(); ++i) {
+    const Scenario& s = r.scenarios[i];
+    const uint64_t layer = s.trace.largest_layer();
+    for (size_t p = 0; p < r.policies.size(); ++p)
+      for (size_t run = 0; run < r.rows[i].run_disk[p].size(); ++run)
+        os << r.seed << ',' << i << ',' << s.name << ',' << to_string(s.pattern) << ',' << r.policies[p] << ','
+           << run << ',' << r.rows[i].run_disk[p][run] << ',' << layer << '\n';
+  }
 }
 
 }  // namespace pins::sim

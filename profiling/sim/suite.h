@@ -114,6 +114,9 @@ Scenario make_scenario(uint64_t seed, int index, const std::vector<model_params:
 // One scenario's figures over the runs after its first.
 struct SuiteRow {
   std::vector<uint64_t> disk;  // per policy, in SuiteResult::policies order
+  // Per policy, each run's disk bytes, the first run's too (disk[p] sums the
+  // rest): pins-sim --runs-csv, for profiling/sim/selectors.py.
+  std::vector<std::vector<uint64_t>> run_disk;
   uint64_t ram_bound = 0;      // the RAM bound over those runs (Note [Simulator lower bound])
   uint64_t allowance = 0;      // one largest layer per run counted
   int runs = 0;                // runs counted (all but the first)
@@ -176,5 +179,9 @@ bool meets_targets(const SuiteFigures& f);
 void print_suite(std::ostream& os, const SuiteResult& r, const std::string& default_policy);
 // One CSV row per scenario and policy.
 void write_suite_csv(std::ostream& os, const SuiteResult& r);
+// One row per scenario, policy and run (the first run too: run 0):
+// seed,scenario,name,pattern,policy,run,disk_bytes,layer_bytes, where
+// layer_bytes is the scenario's largest layer (the allowance of one run).
+void write_suite_runs_csv(std::ostream& os, const SuiteResult& r);
 
 }  // namespace pins::sim

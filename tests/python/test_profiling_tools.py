@@ -5,9 +5,12 @@ bundled trace, its JSON report draws a PNG (profiling/sim/plot.py), and both
 executables answer --help on stdout with status 0 and refuse unknown options, and
 each pins-bench benchmark (fill, balancer, cast, lowvram) runs at tiny sizes and
 ends with one RESULT line of the expected figures, and profiling/sim/heldout.py
-counts a held-out set's scenarios as computed here by hand.
+counts a held-out set's scenarios as computed here by hand, as
+profiling/sim/selector_bounds.py counts its selectors from pins-sim's per-run
+CSV (--runs-csv), whose runs sum to the suite's CSV.
 
 The executables: $PINS_SIM and $PINS_BENCH, default build/bin/ of this checkout."""
+import csv
 import functools
 import glob
 import json
@@ -476,3 +479,92 @@ def test_heldout_runs_the_simulator_for_a_missing_set(tmp_path):
     assert "scenarios=6 sets=2" in out.stdout, out.stdout
     with open(tmp_path / "u1.csv") as f:
         assert {r.split(",")[4] for r in f.read().splitlines()[1:]} >= {"lru", "mru", "trace", "clairvoyant"}
+
+
+def test_sim_runs_csv_holds_each_run_the_suite_csv_sums(tmp_path):
+    """pins-sim --runs-csv: every policy's runs, the first too, and the
+    oracle's; runs 1.. sum to the --csv row, a layer a run to its allowance."""
+    summary, runs = tmp_path / "u5.csv", tmp_path / "u5.runs.csv"
+    out = subprocess.run([SIM, "--suite", "--suite-kind", "unseen", "--scenarios", "3", "--seed", "5", "--policy",
+                          "lru,trace", "--threads", "1", "--csv", str(summary), "--runs-csv", str(runs)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    per_run = {}
+    with open(runs, newline="") as f:
+        for r in csv.DictReader(f):
+            per_run.setdefault((r["name"], r["policy"]), []).append((int(r["run"]), int(r["disk_bytes"]),
+                                                                     int(r["layer_bytes"])))
+    with open(summary, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["policy"] for r in rows} == {"lru", "trace", "oracle"}
+    assert len(rows) == 9 and set(per_run) == {(r["name"], r["policy"]) for r in rows}
+    for r in rows:
+        runs_of = per_run[(r["name"], r["policy"])]
+        assert [run for run, _, _ in runs_of] == list(range(int(r["runs"]) + 1)), (r["name"], runs_of)
+        assert sum(d for run, d, _ in runs_of if run > 0) == int(r["disk_bytes"]), (r["name"], r["policy"])
+        assert runs_of[0][2] * int(r["runs"]) == int(r["allowance_bytes"]), r["name"]
+    bad = subprocess.run([SIM, "--trace", TRACES[0], "--runs-csv", str(tmp_path / "x.csv")], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "--runs-csv applies to --suite" in bad.stderr, bad.stderr
+
+
+BOUNDS = os.path.join(ROOT, "profiling", "sim", "selector_bounds.py")
+RUNS_HEADER = "seed,scenario,name,pattern,policy,run,disk_bytes,layer_bytes\n"
+
+
+def write_runs(path, scenarios, seed=7):
+    """scenarios: {name: {policy: [GiB of run 0, 1, ...]}}, a layer of 1 GiB."""
+    gib = 2**30
+    with open(path, "w") as f:
+        f.write(RUNS_HEADER)
+        for i, (name, policies) in enumerate(scenarios.items()):
+            for policy, runs in policies.items():
+                for run, d in enumerate(runs):
+                    f.write(f"{seed},{i},{name},one-off,{policy},{run},{d * gib},{gib}\n")
+
+
+def test_selector_bounds_count_each_selector_as_worked_by_hand(tmp_path):
+    """Two counted runs a scenario, so a layer a run allows 2 GiB. A: trace
+    and mru each lose one run (anti-correlated); every selector that follows
+    the leader picks the wrong one in the second run. B: trace and mru lose to
+    lru. C: all equal. The sets' CSVs exist, so nothing runs."""
+    write_runs(tmp_path / "u7.runs.csv", {
+        "A": {"lru": [9, 10, 10], "mru": [9, 4, 12], "trace": [9, 12, 4], "clairvoyant": [9, 8, 8],
+              "oracle": [9, 3, 3]},
+        "B": {"lru": [5, 3, 3], "mru": [5, 10, 10], "trace": [5, 10, 10], "clairvoyant": [5, 3, 3],
+              "oracle": [5, 3, 3]},
+        "C": {"lru": [4, 4, 4], "mru": [4, 4, 4], "trace": [4, 4, 4], "clairvoyant": [4, 4, 4], "oracle": [4, 2, 2]},
+    })
+    (tmp_path / "u7.csv").write_text(HELDOUT_HEADER)
+    out = subprocess.run([sys.executable, BOUNDS, "--seeds", "7", "--csv-dir", str(tmp_path), "--sim",
+                          str(tmp_path / "no-sim")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[1:-1]}
+    oracle = 6 + 6 + 4
+    # Line: A min(20, 16) + 2 = 18, B 6 + 2 = 8, C 10.
+    # trace: A 16, B 20 (over; not over mru + 2), C 8.
+    # hindsight: the lesser of trace and mru: A 16, B 20 (over).
+    # leader-2: run 1 trace (a tie at 0), run 2 the lesser so far: A trace 12 then mru 12 = 24 (over, and
+    # over 1.25 x 16), B 20 (over). leader-3: A the same; B trace 10, then lru 3 = 13 (over).
+    # switch-R: A trace's 12 is over R x 4 + 1 for every R, so mru in run 2: 24; B never switches: 20.
+    expected = {
+        "trace": [1, 0, 0, 16 + 20 + 8], "clairvoyant": [0, 0, 0, 16 + 6 + 8], "hindsight": [1, 0, 0, 16 + 20 + 8],
+        "leader-2": [2, 1, 1, 24 + 20 + 8], "leader-3": [2, 1, 1, 24 + 13 + 8],
+        "switch-1.1": [2, 1, 1, 24 + 20 + 8], "switch-1.25": [2, 1, 1, 24 + 20 + 8],
+        "switch-1.5": [2, 1, 1, 24 + 20 + 8],
+    }
+    assert got == {sel: [str(v) for v in e[:3]] + [f"{e[3] / oracle:.3f}"] for sel, e in expected.items()}, out.stdout
+    assert out.stdout.splitlines()[-1] == "sets=1 scenarios=3", out.stdout
+
+
+def test_selector_bounds_refuses_runs_out_of_order_or_a_missing_policy(tmp_path):
+    (tmp_path / "u3.csv").write_text(HELDOUT_HEADER)
+    write_runs(tmp_path / "u3.runs.csv", {"X": {"lru": [1, 1], "mru": [1, 1], "trace": [1, 1], "oracle": [1, 1]}}, 3)
+    out = subprocess.run([sys.executable, BOUNDS, "--seeds", "3", "--csv-dir", str(tmp_path)], capture_output=True,
+                         text=True)
+    assert out.returncode != 0 and "has no ['clairvoyant'] rows for X" in out.stderr, out.stderr
+    with open(tmp_path / "u3.runs.csv", "a") as f:
+        f.write("3,0,X,one-off,clairvoyant,1,1,1\n")
+    out = subprocess.run([sys.executable, BOUNDS, "--seeds", "3", "--csv-dir", str(tmp_path)], capture_output=True,
+                         text=True)
+    assert out.returncode != 0 and "X clairvoyant: run 1 out of order (expected 0)" in out.stderr, out.stderr
