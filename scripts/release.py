@@ -188,8 +188,8 @@ def build_and_stage(build: Build, python: str, stage: str, pythons: List[str], p
     else:
         out = sh(["bash", "scripts/build_release.sh", python] + others, cwd=ROOT, env=clean_env())
         tree, seconds = os.path.join(ROOT, out.stdout.strip().splitlines()[-1]), out.seconds
-    if not tree.endswith("-" + build.name) and not prebuilt:
-        raise SystemExit(f"release: {python} built {tree}, not the {build.name} build; is its torch that release?")
+        if not tree.endswith("-" + build.name):
+            raise SystemExit(f"release: {python} built {tree}, not the {build.name} build; is its torch that release?")
     install = ["cmake", "--install"]
     sh(install + [tree, "--component", "python", "--prefix", stage, "--strip"])
     for t in [tree] + [os.path.join(tree, "python-" + v) for v in versions]:
@@ -197,10 +197,12 @@ def build_and_stage(build: Build, python: str, stage: str, pythons: List[str], p
     lib = os.path.join(stage, "torch_pins", "_lib", "torch-" + build.name)
     stamp = open(os.path.join(lib, "libpins.so.torch")).read().strip()
     modules = sorted(f for f in os.listdir(lib) if f.startswith("_C."))
-    if prebuilt and (stamp.split("+", 1)[0] != (venv_torch(python) or "").split("+", 1)[0]
-                     or not any(m.startswith(f"_C.cpython-{own.replace('.', '')}-") for m in modules)):
-        raise SystemExit(f"release: --prebuilt {build.name}={tree} holds a build for torch {stamp} with {modules}, "
-                         f"but {python} is Python {own} with torch {venv_torch(python)}")
+    if prebuilt:
+        have = venv_torch(python)
+        if (stamp.split("+", 1)[0] != (have or "").split("+", 1)[0]
+                or not any(m.startswith(f"_C.cpython-{own.replace('.', '')}-") for m in modules)):
+            raise SystemExit(f"release: --prebuilt {build.name}={tree} holds a build for torch {stamp} with {modules}, "
+                             f"but {python} is Python {own} with torch {have}")
     return {"build": build.name, "torch": stamp, "build_seconds": round(seconds, 1), "extension_modules": modules,
             "torch_pythons": supported, **({"prebuilt": tree} if prebuilt else {})}
 
