@@ -110,12 +110,19 @@ mapfile -t jobs_list < <(
   echo "tsan build-tsan pins_sysmem_tests -"; echo "tsan build-tsan pins_backend_tests -"
   [ ${#ops[@]} -gt 0 ] && echo "${ops[*]} pins_ops_tests -" && echo "${ops[*]} pins_torch_tests -"
   true)
-run_job() {  # KIND DIR TEST SHARD: writes DIR/TEST[.sI].log and .result ("ok|FAILED SECONDS")
-  local kind=$1 dir=$2 t=$3 shard=$4 start=$SECONDS name=$3 env=()
-  if [ "$shard" != - ]; then
-    name=$t.s${shard%/*}
-    env+=(GTEST_SHARD_INDEX=${shard%/*} GTEST_TOTAL_SHARDS=${shard#*/})
-  fi
+# The job list names each suite again, in its order; a suite the trees build
+# that it does not run is an error here, not a test that silently never runs.
+expected=(); for t in "${core_tests[@]}"; do expected+=("asan build-asan $t" "tsan build-tsan $t"); done
+[ ${#ops[@]} -gt 0 ] && for t in "${ops_tests[@]}"; do expected+=("${ops[*]} $t"); done
+for e in "${expected[@]}"; do
+  found=0; for job in "${jobs_list[@]}"; do [[ $job == "$e "* ]] && found=1; done
+  [ $found = 1 ] || { echo "sanitize: the job list has no job \"$e\" (scripts/sanitize.sh)"; exit 1; }
+done
+job_name() { [ "$2" = - ] && echo "$1" || echo "$1.s${2%/*}"; }  # TEST SHARD: the job's log and result name
+run_job() {  # KIND DIR TEST SHARD: writes DIR/NAME.log and .result ("ok|FAILED SECONDS")
+  local kind=$1 dir=$2 t=$3 shard=$4 start=$SECONDS name env=()
+  name=$(job_name "$t" "$shard")
+  [ "$shard" != - ] && env+=(GTEST_SHARD_INDEX=${shard%/*} GTEST_TOTAL_SHARDS=${shard#*/})
   if [ "$dir" = build-asan-ops ]; then
     env+=(ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 PINS_MODEL_OPS=${PINS_MODEL_OPS:-10000})
   else
@@ -144,7 +151,7 @@ done
 wait
 for job in "${jobs_list[@]}"; do
   read -r kind dir t shard <<<"$job"
-  name=$t; [ "$shard" != - ] && name=$t.s${shard%/*}
+  name=$(job_name "$t" "$shard")
   label="$t"; [ "$shard" != - ] && label="$t (shard $shard)"
   read -r verdict secs < "$dir/$name.result" 2>/dev/null || { verdict=FAILED; secs=?; }
   [ "$kind" = tsa ] && kind=thread-safety
