@@ -34,7 +34,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from choose_default import seeds  # this folder: the script's own, first on sys.path
-from heldout import ROOT, ensure_csv
+from heldout import ROOT, ensure_csv, over_line
 
 POLICIES = ["lru", "mru", "trace", "clairvoyant", "oracle"]
 SWITCH_RATIOS = (1.1, 1.25, 1.5)
@@ -113,12 +113,13 @@ def count(sets):
         oracle = 0
         for layer, p in scenarios.values():
             allowance = layer * (len(p["trace"]) - 1)
-            lru, mru = counted(p, "lru"), counted(p, "mru")
+            totals = {q: counted(p, q) for q in ("lru", "mru")}
+            line, mru = over_line(totals, allowance), totals["mru"]
             oracle += counted(p, "oracle")
             for sel, f in SELECTORS.items():
                 cost = f(p, layer)
                 total[sel] += cost
-                over[sel] += cost > min(lru, mru) + allowance
+                over[sel] += cost > line
                 result[sel]["over_1_25_mru"] += cost > mru + allowance and cost > 1.25 * mru
         for sel in SELECTORS:
             result[sel]["over"] += over[sel]
